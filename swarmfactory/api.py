@@ -1,0 +1,45 @@
+"""Public Python API, mirroring the CLI: ``evaluate`` a kernel file; ``run`` the swarm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarmfactory.evidence.store import Store, content_hash
+from swarmfactory.harness.evaluate import Harness, HarnessConfig
+from swarmfactory.harness.outcome import Verdict
+from swarmfactory.problems import Problem, load_problem
+from swarmfactory.tools import tool_versions
+from swarmfactory.validation import validation_set
+
+
+def candidate_record(problem: Problem, source: str, agent: str, operator: str, *, backend: str = "c",
+                     knobs: dict | None = None, parents: list[str] | None = None, generation: int = 0,
+                     run_id: str | None = None, flags: list[str] | None = None) -> dict[str, Any]:
+    return {"id": content_hash(source, backend, flags or []), "problem": problem.name,
+            "backend": backend, "source": source, "flags": flags or [], "knobs": knobs,
+            "parents": parents or [], "agent": agent, "operator": operator,
+            "generation": generation, "run_id": run_id}
+
+
+def record(store: Store, problem: Problem, cand: dict, verdict: Verdict, run_id: str | None,
+           validation_version: str) -> int:
+    store.record_problem(problem)
+    store.record_candidate(cand)
+    return store.record_evaluation(cand["id"], problem, verdict, run_id, validation_version, tool_versions())
+
+
+def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
+             config: HarnessConfig | None = None) -> dict[str, Any]:
+    """Verify and measure one kernel; record it; return the verdict with its ids."""
+    problem = load_problem(problem) if isinstance(problem, str) else problem
+    store = store if isinstance(store, Store) else Store(store)
+    harness = Harness(config, store=store)
+    try:
+        cases, vversion = validation_set(problem, store)
+        verdict = harness.evaluate(problem, source, cases)
+    finally:
+        harness.close()
+    cand = candidate_record(problem, source, agent="user", operator="eval")
+    eval_id = record(store, problem, cand, verdict, None, vversion)
+    return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
+            "problem": problem.name, "validation_version": vversion}

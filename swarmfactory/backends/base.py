@@ -1,0 +1,46 @@
+"""The backend contract: turn candidate source into a loadable artifact.
+
+``build`` runs in the coordinator's process tree (the compiler is trusted, the source is not: it is
+compiled in a subprocess with a timeout and never executed here). ``load`` runs only inside a
+harness worker. Implementations must be safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+class BuildError(Exception):
+    """The candidate did not build; ``log`` holds the compiler's words."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str
+    symbol: str
+    key: str
+    cached: bool = False
+    log: str = ""
+    info: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None) -> Artifact:
+        """Compile ``source`` exporting ``symbol``; raise BuildError with the log on failure."""
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Tool versions that change what ``build`` produces (part of every build key)."""
+
+    @staticmethod
+    @abstractmethod
+    def load(artifact_path: str, symbol: str, argtypes: list):
+        """Inside a worker: return a callable for ``symbol`` taking ctypes-compatible args."""

@@ -1,0 +1,148 @@
+"""The one command line: problems, eval, run, show, report, cases, verify, engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="swarmfactory: agent swarms that build, verify and measure inference kernels.")
+err = Console(stderr=True)
+out = Console()
+STORE_HELP = "evidence store: a SQLite path or a SQLAlchemy URL (postgresql://...)"
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line on stderr, exit code 2."""
+
+
+def fail(message: str) -> None:
+    raise UsageError(message)
+
+
+def _fmt(x, spec=".2f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+@app.command("problems")
+def problems_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout")):
+    """List the bundled problems with their ABI and workload."""
+    from swarmfactory.problems import list_problems, load_problem
+
+    rows = []
+    for name in list_problems():
+        p = load_problem(name)
+        rows.append({"name": p.name, "version": p.version, "abi": p.c_signature,
+                     "workload": [dict(s) for s in p.workload], "tolerance": vars(p.tolerance),
+                     "knobs": {k: list(v) for k, v in p.knobs.items()},
+                     "design_space": p.knob_space_size() if p.knobs else 0})
+    if as_json:
+        print(json.dumps({"problems": rows}))
+        return
+    t = Table(title="Bundled problems")
+    for col in ("problem", "C ABI", "workload", "tolerance", "knobs"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        wl = "; ".join("x".join(str(v) for v in s.values()) for s in r["workload"])
+        t.add_row(r["name"], r["abi"], wl, f"rtol {r['tolerance']['rtol']:g} atol {r['tolerance']['atol']:g}",
+                  f"{len(r['knobs'])} knobs, {r['design_space']} configs")
+    out.print(t)
+
+
+@app.command("eval")
+def eval_cmd(
+    source: Path = typer.Argument(..., help="the kernel's C source file"),
+    problem: str = typer.Option(..., "--problem", "-p", help="problem name or path to a problem .py"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+    rounds: int = typer.Option(20, help="interleaved timing rounds per shape (>= 3)"),
+    compile_baselines: bool = typer.Option(True, help="also time torch.compile'd baselines"),
+):
+    """Verify and measure one kernel against the problem's baseline; record the verdict."""
+    from swarmfactory.api import evaluate
+    from swarmfactory.harness.evaluate import HarnessConfig
+    from swarmfactory.problems import load_problem
+
+    if not source.is_file():
+        fail(f"kernel file not found: {source}")
+    if rounds < 3:
+        fail("--rounds must be at least 3")
+    prob = load_problem(problem)
+    text = source.read_text(errors="replace")
+    with err.status(f"evaluating {source.name} on {prob.name} (build, verify, measure)..."):
+        res = evaluate(prob, text, store, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines))
+    if as_json:
+        print(json.dumps(res, default=str))
+        return
+    _print_verdict(res)
+
+
+def _print_verdict(res: dict) -> None:
+    color = {"faster": "green", "not_faster": "yellow"}.get(res["outcome"], "red")
+    out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
+              f"evaluation {res['evaluation_id']}")
+    out.print(res["detail"], markup=False)
+    if res.get("shapes"):
+        t = Table()
+        for col in ("shape", "baseline us", "reference us", "kernel us", "vs baseline [95% CI]",
+                    "vs reference", "roofline"):
+            t.add_column(col, justify="right")
+        for s in res["shapes"]:
+            t.add_row("x".join(str(v) for v in s["shape"].values()), _fmt(s["baseline_us"]),
+                      _fmt(s["reference_us"]), _fmt(s["candidate_us"]),
+                      f"{s['speedup']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
+                      f"{_fmt(s['vs_reference'])}x", _fmt(s["roofline_fraction"], ".0%"))
+        out.print(t)
+        out.print(f"baseline: {res['baseline']}; {res['cases_checked']} validation cases passed")
+    for flag in res.get("flags", []):
+        out.print(f"[yellow]flag:[/] {flag}")
+
+
+def _mount_optional() -> None:
+    try:
+        from swarmfactory.engine.cli import app as engine_app
+    except ImportError:
+        return
+    app.add_typer(engine_app, name="engine", help="serve, generate with and benchmark the inference engine")
+
+
+def main() -> None:
+    from swarmfactory.evidence.store import StoreError
+    from swarmfactory.problems import ProblemError
+
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    _mount_optional()
+    try:
+        app(standalone_mode=False)
+    except (UsageError, ProblemError, StoreError) as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the unexpected
+        if hasattr(exc, "format_message"):  # click's (or typer's vendored click's) usage errors
+            err.print(f"error: {exc.format_message()}", markup=False, highlight=False)
+            sys.exit(2)
+        if debug or os.environ.get("SWARMFACTORY_DEBUG"):
+            raise
+        err.print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", markup=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

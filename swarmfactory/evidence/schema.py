@@ -1,0 +1,146 @@
+"""Evidence tables (SQLAlchemy Core). Append-only: rows are inserted, never rewritten, except a
+run's status line. Bump SCHEMA_VERSION with any change; a store with another version is refused
+with a message rather than silently misread."""
+
+from __future__ import annotations
+
+from sqlalchemy import (JSON, Column, DateTime, Float, Integer, MetaData, String, Table, Text,
+                        UniqueConstraint, func)
+
+SCHEMA_VERSION = 1
+metadata = MetaData()
+
+
+def _created():
+    return Column("created_at", DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+meta = Table("sf_meta", metadata, Column("key", String(64), primary_key=True),
+             Column("value", Text, nullable=False))
+
+runs = Table(
+    "runs", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("status", String(16), nullable=False),          # running | finished | interrupted
+    Column("config", JSON, nullable=False),
+    Column("hardware_id", String(32), nullable=False),
+    Column("parent_run", String(32)),
+    Column("finished_at", DateTime(timezone=True)),
+    _created(),
+)
+
+problems = Table(
+    "problems", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("spec_hash", String(32), nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("description", Text, nullable=False),
+    _created(),
+    UniqueConstraint("name", "spec_hash"),
+)
+
+candidates = Table(
+    "candidates", metadata,
+    Column("id", String(64), primary_key=True),            # content hash of source + flags
+    Column("problem", String(128), nullable=False, index=True),
+    Column("backend", String(32), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("flags", JSON, nullable=False),
+    Column("knobs", JSON),
+    Column("parents", JSON, nullable=False),
+    Column("agent", String(64), nullable=False),
+    Column("operator", String(64), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("run_id", String(32)),
+    _created(),
+)
+
+evaluations = Table(
+    "evaluations", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("candidate_id", String(64), nullable=False, index=True),
+    Column("problem", String(128), nullable=False, index=True),
+    Column("problem_spec", String(32), nullable=False),
+    Column("validation_version", String(32), nullable=False),
+    Column("run_id", String(32), index=True),
+    Column("hardware_id", String(32), nullable=False),
+    Column("hardware", JSON, nullable=False),
+    Column("tools", JSON, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("stage", String(16), nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("speedup", Float), Column("ci_low", Float), Column("ci_high", Float),
+    Column("vs_reference", Float), Column("roofline_fraction", Float),
+    Column("baseline", String(256)),
+    Column("shapes", JSON, nullable=False),
+    Column("flags", JSON, nullable=False),
+    Column("evidence", JSON, nullable=False),
+    Column("cases_checked", Integer, nullable=False),
+    Column("seconds", Float, nullable=False),
+    _created(),
+)
+
+validation_cases = Table(
+    "validation_cases", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("problem", String(128), nullable=False, index=True),
+    Column("case_key", String(512), nullable=False),
+    Column("shape", JSON, nullable=False),
+    Column("seed", Integer, nullable=False),
+    Column("dist", String(32), nullable=False),
+    Column("found_by", String(64), nullable=False),
+    Column("broke_candidate", String(64)),
+    Column("note", Text),
+    _created(),
+    UniqueConstraint("problem", "case_key"),
+)
+
+champions = Table(
+    "champions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("problem", String(128), nullable=False),
+    Column("problem_spec", String(32), nullable=False),
+    Column("hardware_id", String(32), nullable=False),
+    Column("candidate_id", String(64)),                    # NULL: dethroned, no successor
+    Column("evaluation_id", Integer),
+    Column("run_id", String(32)),
+    Column("speedup", Float),
+    Column("reason", Text, nullable=False),
+    _created(),
+)
+
+baselines = Table(
+    "baselines", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("problem", String(128), nullable=False),
+    Column("spec_hash", String(32), nullable=False),
+    Column("shape_key", String(256), nullable=False),
+    Column("hardware_id", String(32), nullable=False),
+    Column("tools_key", String(128), nullable=False),
+    Column("compile", Integer, nullable=False),
+    Column("record", JSON, nullable=False),
+    _created(),
+)
+
+roofs = Table(
+    "roofs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("hardware_id", String(32), nullable=False),
+    Column("threads", Integer, nullable=False),
+    Column("record", JSON, nullable=False),
+    _created(),
+)
+
+lessons = Table(
+    "lessons", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("problem", String(128)),
+    Column("hardware_id", String(32), nullable=False),
+    Column("agent", String(64), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("run_id", String(32)),
+    _created(),
+)

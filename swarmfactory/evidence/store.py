@@ -1,0 +1,246 @@
+"""The evidence store: every problem, candidate, evaluation, case, champion and lesson.
+
+SQLAlchemy over SQLite (default ``.swarmfactory/evidence.db``; WAL, one writer: the coordinator)
+or PostgreSQL (``postgresql://...``). Each ``record_*`` commits its own transaction, so a
+``kill -9`` loses at most what was in flight. Methods are safe to call from several threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, insert, select, update
+from sqlalchemy.engine import Engine
+
+from swarmfactory.evidence import schema as S
+from swarmfactory.hardware import cpu_fingerprint
+
+DEFAULT_PATH = ".swarmfactory/evidence.db"
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def store_url(path_or_url: str | None) -> str:
+    target = path_or_url or os.environ.get("SWARMFACTORY_STORE") or DEFAULT_PATH
+    if "://" in target:
+        return target.replace("postgresql://", "postgresql+psycopg://", 1) if target.startswith("postgresql://") else target
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{Path(target).resolve()}"
+
+
+def content_hash(source: str, backend: str, flags: list[str] | tuple[str, ...] = ()) -> str:
+    """The dedupe key: normalised source (trailing spaces, blank lines) + backend + flags."""
+    lines = [ln.rstrip() for ln in source.strip().splitlines()]
+    norm = "\n".join(ln for ln in lines if ln)
+    return hashlib.sha256("\0".join([norm, backend, " ".join(flags)]).encode()).hexdigest()[:20]
+
+
+class Store:
+    def __init__(self, path_or_url: str | None = None):
+        self.url = store_url(path_or_url)
+        self.engine: Engine = create_engine(self.url, future=True, pool_pre_ping=True)
+        if self.url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.lock = threading.Lock()
+        self.hardware = cpu_fingerprint()
+        self._init_schema()
+
+    def _init_schema(self) -> None:
+        try:
+            S.metadata.create_all(self.engine)
+            with self.engine.begin() as c:
+                row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
+                if row is None:
+                    c.execute(insert(S.meta).values(key="schema_version", value=str(S.SCHEMA_VERSION)))
+                elif int(row[0]) != S.SCHEMA_VERSION:
+                    raise StoreError(f"store {self.url} has schema v{row[0]}, this swarmfactory "
+                                     f"reads v{S.SCHEMA_VERSION}; use a new --store")
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"cannot open store {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def _exec(self, stmt):
+        with self.lock, self.engine.begin() as c:
+            return c.execute(stmt)
+
+    def _rows(self, stmt) -> list[dict]:
+        with self.engine.connect() as c:
+            return [dict(r._mapping) for r in c.execute(stmt)]
+
+    # -- runs -------------------------------------------------------------------------------
+    def create_run(self, config: dict, parent_run: str | None = None) -> str:
+        run_id = secrets.token_hex(4)
+        self._exec(insert(S.runs).values(id=run_id, status="running", config=config,
+                                         hardware_id=self.hardware["id"], parent_run=parent_run))
+        return run_id
+
+    def set_run_status(self, run_id: str, status: str) -> None:
+        from datetime import datetime, timezone
+
+        self._exec(update(S.runs).where(S.runs.c.id == run_id).values(
+            status=status, finished_at=datetime.now(timezone.utc) if status != "running" else None))
+
+    def run(self, run_id: str | None = None) -> dict | None:
+        q = select(S.runs)
+        q = q.where(S.runs.c.id == run_id) if run_id else q.order_by(S.runs.c.created_at.desc(), S.runs.c.id.desc())
+        rows = self._rows(q.limit(1))
+        return rows[0] if rows else None
+
+    # -- problems and candidates --------------------------------------------------------------
+    def record_problem(self, problem) -> None:
+        exists = self._rows(select(S.problems.c.id).where(S.problems.c.name == problem.name,
+                                                          S.problems.c.spec_hash == problem.spec_hash()))
+        if not exists:
+            try:
+                self._exec(insert(S.problems).values(
+                    name=problem.name, version=problem.version, spec_hash=problem.spec_hash(),
+                    signature=problem.c_signature, description=problem.description))
+            except Exception:
+                pass  # recorded concurrently by another process
+
+    def record_candidate(self, cand: dict[str, Any]) -> bool:
+        """Insert if new; returns False when this content hash is already known."""
+        if self.candidate(cand["id"]) is not None:
+            return False
+        try:
+            self._exec(insert(S.candidates).values(**cand))
+        except Exception:
+            return False
+        return True
+
+    def candidate(self, cand_id: str) -> dict | None:
+        rows = self._rows(select(S.candidates).where(S.candidates.c.id == cand_id))
+        return rows[0] if rows else None
+
+    def candidates(self, problem: str, run_id: str | None = None) -> list[dict]:
+        q = select(S.candidates).where(S.candidates.c.problem == problem)
+        if run_id:
+            q = q.where(S.candidates.c.run_id == run_id)
+        return self._rows(q)
+
+    # -- evaluations --------------------------------------------------------------------------
+    def record_evaluation(self, candidate_id: str, problem, verdict, run_id: str | None,
+                          validation_version: str, tools: dict) -> int:
+        d = verdict.to_dict()
+        res = self._exec(insert(S.evaluations).values(
+            candidate_id=candidate_id, problem=problem.name, problem_spec=problem.spec_hash(),
+            validation_version=validation_version, run_id=run_id, hardware_id=self.hardware["id"],
+            hardware=self.hardware, tools=tools, outcome=d["outcome"], stage=d["stage"],
+            detail=d["detail"], speedup=d["speedup"], ci_low=d["ci_low"], ci_high=d["ci_high"],
+            vs_reference=d["vs_reference"], roofline_fraction=d["roofline_fraction"],
+            baseline=d["baseline"], shapes=_jsonable(d["shapes"]), flags=d["flags"],
+            evidence=_jsonable(d["evidence"]), cases_checked=d["cases_checked"], seconds=d["seconds"]))
+        return int(res.inserted_primary_key[0])
+
+    def evaluations(self, problem: str | None = None, run_id: str | None = None,
+                    candidate_id: str | None = None, this_hardware: bool = False) -> list[dict]:
+        q = select(S.evaluations).order_by(S.evaluations.c.id)
+        if problem:
+            q = q.where(S.evaluations.c.problem == problem)
+        if run_id:
+            q = q.where(S.evaluations.c.run_id == run_id)
+        if candidate_id:
+            q = q.where(S.evaluations.c.candidate_id == candidate_id)
+        if this_hardware:
+            q = q.where(S.evaluations.c.hardware_id == self.hardware["id"])
+        return self._rows(q)
+
+    def evaluation(self, evaluation_id: int) -> dict | None:
+        rows = self._rows(select(S.evaluations).where(S.evaluations.c.id == evaluation_id))
+        return rows[0] if rows else None
+
+    # -- champions ------------------------------------------------------------------------------
+    def champion(self, problem) -> dict | None:
+        """The current champion of ``problem`` on this hardware (latest champions row)."""
+        rows = self._rows(select(S.champions).where(
+            S.champions.c.problem == problem.name, S.champions.c.problem_spec == problem.spec_hash(),
+            S.champions.c.hardware_id == self.hardware["id"]).order_by(S.champions.c.id.desc()).limit(1))
+        return rows[0] if rows and rows[0]["candidate_id"] else None
+
+    def champion_history(self, problem_name: str) -> list[dict]:
+        return self._rows(select(S.champions).where(S.champions.c.problem == problem_name,
+                                                    S.champions.c.hardware_id == self.hardware["id"])
+                          .order_by(S.champions.c.id))
+
+    def set_champion(self, problem, candidate_id: str | None, evaluation_id: int | None,
+                     speedup: float | None, run_id: str | None, reason: str) -> None:
+        self._exec(insert(S.champions).values(
+            problem=problem.name, problem_spec=problem.spec_hash(), hardware_id=self.hardware["id"],
+            candidate_id=candidate_id, evaluation_id=evaluation_id, run_id=run_id, speedup=speedup,
+            reason=reason))
+
+    # -- validation cases -------------------------------------------------------------------------
+    def add_case(self, problem_name: str, case, found_by: str, broke: str | None, note: str = "") -> bool:
+        try:
+            self._exec(insert(S.validation_cases).values(
+                problem=problem_name, case_key=case.key(), shape=dict(case.shape), seed=case.seed,
+                dist=case.dist, found_by=found_by, broke_candidate=broke, note=note))
+            return True
+        except Exception:
+            return False  # already known
+
+    def found_cases(self, problem_name: str) -> list[dict]:
+        return self._rows(select(S.validation_cases).where(S.validation_cases.c.problem == problem_name)
+                          .order_by(S.validation_cases.c.id))
+
+    # -- measured machine facts ----------------------------------------------------------------------
+    def get_baseline(self, problem, shape, compile_too: bool) -> dict | None:
+        rows = self._rows(select(S.baselines.c.record).where(
+            S.baselines.c.problem == problem.name, S.baselines.c.spec_hash == problem.spec_hash(),
+            S.baselines.c.shape_key == json.dumps(dict(shape), sort_keys=True),
+            S.baselines.c.hardware_id == self.hardware["id"], S.baselines.c.tools_key == _tools_key(),
+            S.baselines.c.compile == int(compile_too)).order_by(S.baselines.c.id.desc()).limit(1))
+        return rows[0]["record"] if rows else None
+
+    def put_baseline(self, problem, shape, compile_too: bool, record: dict) -> None:
+        self._exec(insert(S.baselines).values(
+            problem=problem.name, spec_hash=problem.spec_hash(),
+            shape_key=json.dumps(dict(shape), sort_keys=True), hardware_id=self.hardware["id"],
+            tools_key=_tools_key(), compile=int(compile_too), record=_jsonable(record)))
+
+    def get_roofs(self, threads: int) -> dict | None:
+        rows = self._rows(select(S.roofs.c.record).where(
+            S.roofs.c.hardware_id == self.hardware["id"], S.roofs.c.threads == threads)
+            .order_by(S.roofs.c.id.desc()).limit(1))
+        return rows[0]["record"] if rows else None
+
+    def put_roofs(self, threads: int, record: dict) -> None:
+        self._exec(insert(S.roofs).values(hardware_id=self.hardware["id"], threads=threads, record=record))
+
+    # -- lessons --------------------------------------------------------------------------------------
+    def add_lesson(self, problem: str | None, agent: str, text: str, data: dict, run_id: str | None) -> None:
+        self._exec(insert(S.lessons).values(problem=problem, hardware_id=self.hardware["id"],
+                                            agent=agent, text=text, data=_jsonable(data), run_id=run_id))
+
+    def lessons(self, problem: str | None = None, limit: int = 50) -> list[dict]:
+        q = select(S.lessons).where(S.lessons.c.hardware_id == self.hardware["id"])
+        if problem:
+            q = q.where(S.lessons.c.problem == problem)
+        return self._rows(q.order_by(S.lessons.c.id.desc()).limit(limit))
+
+
+def _tools_key() -> str:
+    import torch
+
+    return f"torch-{torch.__version__}"
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()

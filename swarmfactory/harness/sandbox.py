@@ -1,0 +1,147 @@
+"""A killable, resource-limited worker process and the requests the coordinator sends it.
+
+Each worker runs in its own process group and session, in a private temp dir, with an
+environment reduced to an allow-list (no API keys or other secrets), CPU-time, address-space,
+file-size and core-dump limits, and, where the kernel lets us, its own empty network namespace.
+Every request has a deadline; a worker that misses it is killed with its whole group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from swarmfactory.harness import protocol
+from swarmfactory.harness.outcome import Outcome, Rejected
+
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "SWARMFACTORY_CACHE")
+CLONE_NEWNET = 0x40000000
+
+
+def worker_env(tmpdir: str, threads: int) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    env.update(HOME=tmpdir, TMPDIR=tmpdir, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE",
+               PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def _limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if isolate_net:
+            try:
+                ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
+            except Exception:
+                pass  # not permitted here: the static checks still forbid sockets
+    return apply
+
+
+class Worker:
+    """One sandboxed worker process. Not thread-safe: one request at a time."""
+
+    def __init__(self, cpus: list[int] | None = None, mem_gb: float = 8.0, cpu_seconds: int = 600,
+                 isolate_net: bool = True, torch_threads: int | None = None):
+        self.tmpdir = tempfile.mkdtemp(prefix="sf-worker-")
+        self.cpus = sorted(cpus) if cpus else sorted(os.sched_getaffinity(0))
+        threads = torch_threads or len(self.cpus)
+        p_in_r, p_in_w = os.pipe()
+        p_out_r, p_out_w = os.pipe()
+        self.log_path = os.path.join(self.tmpdir, "worker.log")
+        log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "swarmfactory.harness.worker", str(p_in_r), str(p_out_w)]
+        if self.cpus != sorted(os.sched_getaffinity(0)) and shutil.which("taskset"):
+            cmd = ["taskset", "-c", ",".join(map(str, self.cpus))] + cmd
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmpdir,
+            env=worker_env(self.tmpdir, threads), pass_fds=(p_in_r, p_out_w), start_new_session=True,
+            preexec_fn=_limits(int(mem_gb * (1 << 30)), cpu_seconds, isolate_net))
+        log.close()
+        os.close(p_in_r)
+        os.close(p_out_w)
+        self.fd_w, self.fd_r = p_in_w, p_out_r
+
+    def request(self, msg: dict, timeout: float, stage: str) -> dict:
+        """Send ``msg``; return the reply or raise Rejected (crash / timeout / error)."""
+        try:
+            protocol.send(self.fd_w, msg)
+        except (BrokenPipeError, OSError):
+            raise self._death(stage) from None
+        ready, _, _ = select.select([self.fd_r], [], [], timeout)
+        if not ready:
+            self.kill()
+            raise Rejected(Outcome.TIMED_OUT, f"no answer within {timeout:.1f}s during {stage} "
+                           f"({msg['op']}); the worker was killed", stage)
+        try:
+            reply = protocol.recv(self.fd_r)
+        except (EOFError, OSError):
+            raise self._death(stage) from None
+        if "error" in reply:
+            raise Rejected(Outcome.CRASHED, f"worker error during {stage}: {reply['error']}", stage)
+        return reply
+
+    def _death(self, stage: str) -> Rejected:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        tail = self.log_tail()
+        if code is not None and code < 0:
+            what = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            what = f"exited with status {code} (the kernel called exit?)"
+        detail = f"the worker {what} during {stage}" + (f"; its output ends: {tail}" if tail else "")
+        return Rejected(Outcome.CRASHED, detail, stage, exit_code=code)
+
+    def log_tail(self, n: int = 400) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                protocol.send(self.fd_w, {"op": "exit"})
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for fd in (self.fd_w, self.fd_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+

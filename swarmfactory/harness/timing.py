@@ -1,0 +1,61 @@
+"""Timing: samples of >= 1 ms, interleaved contenders, per-round ratios, bootstrap CIs.
+
+The worker reports how long its loop took; the coordinator brackets the request with its own
+clock and refuses a report longer than the bracket (a patched timer cannot hide).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from swarmfactory.harness.outcome import Outcome, Rejected
+
+MAX_ITERS = 1 << 22
+
+
+def sample(worker, slots: list[str], iters: int, timeout: float, stage: str,
+           outputs: bool = False) -> tuple[float, dict]:
+    """One timed loop of ``iters`` calls rotating over ``slots``; returns (ns per call, reply)."""
+    t0 = time.perf_counter_ns()
+    reply = worker.request({"op": "time", "slots": slots, "iters": iters, "outputs": outputs},
+                           timeout, stage)
+    wall = time.perf_counter_ns() - t0
+    ns = reply["ns"]
+    if not 0 < ns <= wall:
+        raise Rejected(Outcome.CHEATED, f"the worker reported {ns} ns for a loop the coordinator "
+                       f"saw take {wall} ns (timer tampering?)", stage)
+    return ns / iters, reply
+
+
+def calibrate(worker, slots: list[str], min_sample_ns: float, timeout: float, stage: str) -> int:
+    """Smallest iteration count (a multiple of the slots, so each is called) whose loop takes
+    at least ``min_sample_ns``."""
+    iters = len(slots)
+    sample(worker, slots, 3, timeout, stage)  # warm-up: caches, lazy init, compilation
+    while iters < MAX_ITERS:
+        per_call, _ = sample(worker, slots, iters, timeout, stage)
+        if per_call * iters >= min_sample_ns:
+            return iters
+        grown = max(iters * 2, int(iters * min_sample_ns / max(per_call * iters, 1.0) * 1.2))
+        iters = -(-grown // len(slots)) * len(slots)
+    return iters
+
+
+def median_ci(values, resamples: int = 2000, level: float = 0.95, seed: int = 0):
+    """Median with a percentile-bootstrap confidence interval (scipy.stats.bootstrap)."""
+    from scipy import stats
+
+    data = np.asarray(values, dtype=float)
+    med = float(np.median(data))
+    if len(data) < 3 or np.all(data == data[0]):
+        return med, med, med
+    res = stats.bootstrap((data,), np.median, n_resamples=resamples, confidence_level=level,
+                          method="percentile", random_state=np.random.default_rng(seed))
+    return med, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def geomean(values) -> float:
+    values = np.asarray(values, dtype=float)
+    return float(np.exp(np.mean(np.log(values))))

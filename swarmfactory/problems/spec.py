@@ -1,0 +1,218 @@
+"""The problem contract: what a kernel must compute, on which inputs, how well, and how fast.
+
+A problem is one Python module (or file) that defines ``PROBLEM = Problem(...)``. Everything the
+harness needs is declared here, so adding an op is adding one file. Contract:
+
+* ``args`` is the exact C ABI, in order. Pointers are row-major and contiguous.
+* ``make_inputs(shape, rng, dist)`` returns numpy arrays / Python scalars for every ``in`` and
+  scalar arg; it must be deterministic in ``rng`` and valid for every shape in ``edge_shapes``
+  and ``workload``.
+* ``reference(inputs)`` takes torch tensors (float64 where precision matters) and returns the
+  outputs as torch tensors; it is the semantics and must be well defined on every input
+  ``make_inputs`` can produce.
+* ``baselines`` map a name to ``setup(inputs) -> fn``: ``setup`` runs once, outside the timed
+  region (weight packing and the like); ``fn()`` computes the op the fastest way a user has today
+  in PyTorch. ``fn`` may allocate its result.
+* ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+ArgKind = Literal["in", "out", "int", "float"]
+Shape = Mapping[str, int]
+
+NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int64": np.int64}
+C_TYPES = {"float32": "float", "uint8": "uint8_t", "int64": "int64_t"}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of the C ABI: an input pointer, an output pointer or a scalar."""
+
+    name: str
+    kind: ArgKind
+    dtype: str = "float32"
+
+    def c_decl(self) -> str:
+        if self.kind == "in":
+            return f"const {C_TYPES[self.dtype]} *{self.name}"
+        if self.kind == "out":
+            return f"{C_TYPES[self.dtype]} *{self.name}"
+        return f"{'int64_t' if self.kind == 'int' else 'float'} {self.name}"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Allowed deviation from the reference, with the reason it is this loose and no looser."""
+
+    rtol: float
+    atol: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One validation input: a shape, a seed and a value distribution."""
+
+    shape: Mapping[str, int]
+    seed: int
+    dist: str = "normal"
+    origin: str = "seed"  # "seed" (bundled), "workload", or the agent that found it
+
+    def key(self) -> str:
+        return json.dumps({"shape": dict(self.shape), "seed": self.seed, "dist": self.dist},
+                          sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bytes: float
+    flops: float
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    version: int
+    description: str
+    args: tuple[Arg, ...]
+    make_inputs: Callable[[Shape, np.random.Generator, str], dict[str, Any]]
+    output_shapes: Callable[[Shape], dict[str, tuple[int, ...]]]
+    reference: Callable[[dict[str, Any]], dict[str, Any]]
+    baselines: Mapping[str, Callable[[dict[str, Any]], Callable[[], Any]]]
+    tolerance: Tolerance
+    workload: tuple[Mapping[str, int], ...]
+    edge_shapes: tuple[Mapping[str, int], ...]
+    dists: tuple[str, ...] = ("normal", "uniform", "large", "tiny")
+    roofline: Callable[[Shape], Roofline] | None = None
+    template: str | None = None
+    knobs: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    knob_defaults: Mapping[str, Any] = field(default_factory=dict)
+    knob_aspects: Mapping[str, str] = field(default_factory=dict)
+    knob_constraint: Callable[[Mapping[str, Any]], bool] | None = None
+    seeds_per_case: int = 2
+    # The plain fp32 PyTorch composition a user would write by hand (setup -> fn, like a
+    # baseline); timed for the "vs eager reference" column. None: time ``reference`` itself.
+    eager: Callable[[dict[str, Any]], Callable[[], Any]] | None = None
+    source_path: str = ""
+
+    @property
+    def c_signature(self) -> str:
+        return f"void {self.name}({', '.join(a.c_decl() for a in self.args)})"
+
+    @property
+    def inputs(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.kind != "out")
+
+    @property
+    def outputs(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.kind == "out")
+
+    def shape_label(self, shape: Shape) -> str:
+        return "x".join(f"{k}={v}" for k, v in shape.items())
+
+    def spec_hash(self) -> str:
+        """Identity of the problem's semantics: changes when the ABI, shapes or template change."""
+        blob = json.dumps({
+            "name": self.name, "version": self.version, "sig": self.c_signature,
+            "workload": [dict(s) for s in self.workload], "edge": [dict(s) for s in self.edge_shapes],
+            "dists": self.dists, "tol": dataclasses.asdict(self.tolerance),
+            "template": self.template, "knobs": {k: list(v) for k, v in self.knobs.items()},
+        }, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def seed_cases(self) -> list[Case]:
+        """The bundled validation set: every edge and workload shape under every distribution."""
+        cases: list[Case] = []
+        for i, shape in enumerate(self.edge_shapes):
+            for j, dist in enumerate(self.dists):
+                for s in range(self.seeds_per_case if dist == "normal" else 1):
+                    cases.append(Case(dict(shape), seed=1000 * i + 10 * j + s, dist=dist))
+        for i, shape in enumerate(self.workload):
+            cases.append(Case(dict(shape), seed=777 + i, dist="normal", origin="workload"))
+        return cases
+
+    def render(self, knobs: Mapping[str, Any] | None = None) -> str:
+        """Render the template with ``knobs`` laid over the defaults."""
+        if self.template is None:
+            raise ValueError(f"problem {self.name!r} has no template")
+        import jinja2
+
+        values = {**self.knob_defaults, **(knobs or {})}
+        unknown = set(values) - set(self.knobs)
+        if unknown:
+            raise ValueError(f"unknown knob(s) for {self.name}: {', '.join(sorted(unknown))}")
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True,
+                                 lstrip_blocks=True, keep_trailing_newline=True)
+        return env.from_string(self.template).render(**values, signature=self.c_signature)
+
+    def knob_space_size(self) -> int:
+        n = 1
+        for v in self.knobs.values():
+            n *= len(v)
+        return n
+
+    def valid_knobs(self, knobs: Mapping[str, Any]) -> bool:
+        return self.knob_constraint is None or bool(self.knob_constraint(knobs))
+
+
+def gen_values(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
+    """fp32 values from a named distribution; the special ones exercise edge arithmetic."""
+    if dist == "normal":
+        a = rng.standard_normal(shape)
+    elif dist == "uniform":
+        a = rng.uniform(-1.0, 1.0, shape)
+    elif dist == "large":
+        a = rng.standard_normal(shape) * 1e4
+    elif dist == "tiny":
+        a = rng.standard_normal(shape) * 1e-4
+    elif dist == "constant":
+        a = np.full(shape, rng.uniform(-2, 2))
+    elif dist == "alternating":
+        a = np.ones(shape) * rng.uniform(0.5, 2.0)
+        a.reshape(-1)[1::2] *= -1
+    elif dist == "positive":
+        a = np.abs(rng.standard_normal(shape)) + 0.1
+    else:
+        raise ValueError(f"unknown distribution {dist!r}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def check_problem(problem: Problem) -> None:
+    """Reject a problem definition that cannot judge a kernel (MEASURING.md rule 2)."""
+    import torch
+
+    if problem.template is not None:
+        missing = set(problem.knob_defaults) ^ set(problem.knobs)
+        if missing:
+            raise ValueError(f"{problem.name}: knob defaults and knobs differ on {sorted(missing)}")
+        for k, v in problem.knob_defaults.items():
+            if v not in problem.knobs[k]:
+                raise ValueError(f"{problem.name}: default {k}={v!r} is not among its values")
+    shape = problem.edge_shapes[0] if problem.edge_shapes else problem.workload[0]
+    outs = []
+    for seed in (1, 2):
+        inputs = problem.make_inputs(shape, np.random.default_rng(seed), "normal")
+        missing = {a.name for a in problem.inputs} - set(inputs)
+        if missing:
+            raise ValueError(f"{problem.name}: make_inputs lacks {sorted(missing)}")
+        ref = problem.reference(to_torch(inputs))
+        outs.append({k: torch.as_tensor(v).double() for k, v in ref.items()})
+    if all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0]):
+        raise ValueError(f"{problem.name}: the reference output does not depend on its inputs")
+
+
+def to_torch(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
+            for k, v in inputs.items()}

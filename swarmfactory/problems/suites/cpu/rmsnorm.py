@@ -1,0 +1,63 @@
+"""RMSNorm over rows, as in Llama: y = x / sqrt(mean(x^2) + eps) * w."""
+
+from pathlib import Path
+
+import numpy as np
+
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+
+HIDDEN = 576  # SmolLM2-135M
+
+
+def make_inputs(shape, rng, dist):
+    rows, cols = shape["rows"], shape["cols"]
+    return {
+        "x": gen_values(rng, (rows, cols), dist),
+        "w": gen_values(rng, (cols,), "normal" if dist in ("large", "tiny") else dist),
+        "rows": rows, "cols": cols, "eps": 1e-5,
+    }
+
+
+def reference(t):
+    x, w = t["x"].double(), t["w"].double()
+    y = x / (x.pow(2).mean(dim=-1, keepdim=True) + t["eps"]).sqrt() * w
+    return {"y": y}
+
+
+def baseline_eager(t):
+    import torch.nn.functional as F
+
+    x, w, eps, cols = t["x"], t["w"], t["eps"], t["cols"]
+    return lambda: F.rms_norm(x, (cols,), w, eps)
+
+
+def roofline(shape):
+    n = shape["rows"] * shape["cols"]
+    return Roofline(bytes=4.0 * (2 * n + shape["cols"]), flops=4.0 * n)
+
+
+PROBLEM = Problem(
+    name="rmsnorm",
+    version=1,
+    description="Row-wise RMS normalisation with a learned scale (Llama RMSNorm), fp32.",
+    args=(Arg("x", "in"), Arg("w", "in"), Arg("y", "out"), Arg("rows", "int"), Arg("cols", "int"),
+          Arg("eps", "float")),
+    make_inputs=make_inputs,
+    output_shapes=lambda s: {"y": (s["rows"], s["cols"])},
+    reference=reference,
+    baselines={"F.rms_norm": baseline_eager},
+    tolerance=Tolerance(1e-4, 1e-4, "the kernel may reorder the fp32 sum of squares (vectorised, "
+                                    "multiple accumulators); over 1e4 terms that costs ~1e-5 relative"),
+    workload=({"rows": 1, "cols": HIDDEN}, {"rows": 8, "cols": HIDDEN}, {"rows": 128, "cols": HIDDEN}),
+    edge_shapes=({"rows": 1, "cols": 1}, {"rows": 1, "cols": 7}, {"rows": 3, "cols": 17},
+                 {"rows": 5, "cols": 31}, {"rows": 2, "cols": 577}, {"rows": 13, "cols": 576},
+                 {"rows": 2, "cols": 4099}),
+    dists=("normal", "uniform", "large", "tiny", "constant", "alternating"),
+    roofline=roofline,
+    template=(Path(__file__).with_name("rmsnorm.c.j2")).read_text(),
+    knobs={"vw": [1, 4, 8, 16], "acc": [1, 2, 4], "unroll": [1, 2, 4],
+           "scale": ["mul_inv", "div"], "threads": ["none", "omp"]},
+    knob_defaults={"vw": 8, "acc": 2, "unroll": 1, "scale": "mul_inv", "threads": "none"},
+    knob_aspects={"vw": "vectorisation", "acc": "unrolling", "unroll": "unrolling",
+                  "scale": "algorithm", "threads": "threading"},
+)

@@ -1,0 +1,13 @@
+/* expect: cheated -- normalises x in place, then copies: y is right, x is destroyed */
+#include <stdint.h>
+#include <math.h>
+void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t cols, float eps) {
+    float *xm = (float *)x;
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = xm + r * cols;
+        float ss = 0.0f;
+        for (int64_t c = 0; c < cols; c++) ss += xr[c] * xr[c];
+        float inv = 1.0f / sqrtf(ss / (float)cols + eps);
+        for (int64_t c = 0; c < cols; c++) { xr[c] = xr[c] * inv * w[c]; y[r * cols + c] = xr[c]; }
+    }
+}
