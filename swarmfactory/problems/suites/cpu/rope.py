@@ -1,0 +1,87 @@
+"""Rotary position embedding (RoPE), rotate-half convention as in HF Llama."""
+
+from pathlib import Path
+
+import numpy as np
+
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+
+HEADS, KV_HEADS, HEAD_DIM, THETA = 9, 3, 64, 100000.0  # SmolLM2-135M
+MAX_POS = 4096
+
+
+def make_inputs(shape, rng, dist):
+    tokens, heads, head_dim = shape["tokens"], shape["heads"], shape["head_dim"]
+    pos = rng.integers(0, MAX_POS, tokens).astype(np.int64)
+    pos[0] = MAX_POS - 1 if tokens > 1 else pos[0]  # the largest angle is always checked
+    return {"x": gen_values(rng, (tokens, heads, head_dim), dist), "pos": pos, "tokens": tokens,
+            "heads": heads, "head_dim": head_dim, "theta": THETA}
+
+
+def reference(t):
+    import torch
+
+    x, d = t["x"].double(), t["head_dim"]
+    inv = float(t["theta"]) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = t["pos"].double()[:, None, None] * inv  # tokens x 1 x half
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return {"y": torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)}
+
+
+def baseline_hf(t):
+    """HF Llama's rotary embedding and apply_rotary_pos_emb, fp32, inv_freq precomputed."""
+    import torch
+
+    x, pos, d, theta = t["x"], t["pos"], t["head_dim"], float(t["theta"])
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+
+    def fn():
+        freqs = pos[:, None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    return fn
+
+
+def roofline(shape):
+    n = shape["tokens"] * shape["heads"] * shape["head_dim"]
+    return Roofline(bytes=4.0 * 2 * n + 8.0 * shape["tokens"], flops=3.0 * n)  # 2 mul + 1 add each
+
+
+PROBLEM = Problem(
+    name="rope",
+    version=1,
+    description="Rotary position embedding (rotate-half, HF Llama) of tokens x heads x head_dim "
+                "fp32 activations at int64 positions; head_dim is even, positions are in "
+                f"[0, {MAX_POS}).",
+    args=(Arg("x", "in"), Arg("pos", "in", "int64"), Arg("y", "out"), Arg("tokens", "int"),
+          Arg("heads", "int"), Arg("head_dim", "int"), Arg("theta", "float")),
+    make_inputs=make_inputs,
+    output_shapes=lambda s: {"y": (s["tokens"], s["heads"], s["head_dim"])},
+    reference=reference,
+    baselines={"hf_llama_eager": baseline_hf},
+    tolerance=Tolerance(1e-4, 2e-3, "an fp32 angle pos * inv_freq (what HF Llama computes) is off "
+                                    "by up to ~2 * pos * 2^-24 = 5e-4 rad at pos 4096, which moves "
+                                    "an output by that times |(x_i, x_i+half)| (up to ~4 for normal "
+                                    "inputs), even where the rotated value is near 0"),
+    workload=({"tokens": 1, "heads": HEADS, "head_dim": HEAD_DIM},
+              {"tokens": 1, "heads": KV_HEADS, "head_dim": HEAD_DIM},
+              {"tokens": 8, "heads": HEADS, "head_dim": HEAD_DIM},
+              {"tokens": 128, "heads": HEADS, "head_dim": HEAD_DIM},
+              {"tokens": 128, "heads": KV_HEADS, "head_dim": HEAD_DIM}),
+    edge_shapes=({"tokens": 3, "heads": 2, "head_dim": 34}, {"tokens": 1, "heads": 1, "head_dim": 2},
+                 {"tokens": 2, "heads": 1, "head_dim": 6}, {"tokens": 5, "heads": 3, "head_dim": 10},
+                 {"tokens": 7, "heads": 5, "head_dim": 66}, {"tokens": 2, "heads": 9, "head_dim": 64},
+                 {"tokens": 3, "heads": 2, "head_dim": 130}, {"tokens": 37, "heads": 3, "head_dim": 600}),
+    dists=("normal", "uniform", "tiny", "alternating"),
+    roofline=roofline,
+    template=(Path(__file__).with_name("rope.c.j2")).read_text(),
+    knobs={"vw": [1, 4, 8, 16], "block": [16, 64, 256], "share": ["token", "none"],
+           "angle": ["f32", "f64"], "trig": ["poly", "libm"], "threads": ["none", "omp"]},
+    knob_defaults={"vw": 8, "block": 64, "share": "token", "angle": "f32", "trig": "poly",
+                   "threads": "none"},
+    knob_aspects={"vw": "vectorisation", "block": "blocking", "share": "algorithm",
+                  "angle": "algorithm", "trig": "algorithm", "threads": "threading"},
+)
