@@ -1,0 +1,1 @@
+"""Benchmark clients: serving.py is a load generator for OpenAI-compatible servers."""

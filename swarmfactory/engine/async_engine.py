@@ -1,0 +1,124 @@
+"""Drives an Engine from a dedicated thread so an asyncio server can stream its tokens.
+
+The engine is single-threaded; all calls into it happen on the engine thread. Requests and
+aborts arrive through a thread-safe inbox and are applied between steps, which is what makes
+batching continuous: a new request joins at the next step, a finished or aborted one frees its
+KV slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass
+
+from .engine import Engine
+from .sequence import SamplingParams, Sequence
+
+
+@dataclass
+class Event:
+    delta: str
+    token: int | None
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Handle:
+    """One request's stream of Events, read on the asyncio loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, prompt_ids: list[int], params: SamplingParams):
+        self.loop = loop
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.seq: Sequence | None = None
+        self.done = False
+
+    async def __aiter__(self):
+        while True:
+            ev = await self.events.get()
+            yield ev
+            if ev.finished:
+                return
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.error: BaseException | None = None
+        self._thread.start()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
+        """Queue a request (already validated with engine.check_prompt); returns its Handle."""
+        h = Handle(asyncio.get_running_loop(), prompt_ids, params)
+        self._inbox.put(("add", h))
+        self._wake.set()
+        return h
+
+    def abort(self, h: Handle) -> None:
+        if not h.done:
+            self._inbox.put(("abort", h))
+            self._wake.set()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _emit(self, h: Handle, ev: Event) -> None:
+        if ev.finished:
+            h.done = True
+        try:
+            h.loop.call_soon_threadsafe(h.events.put_nowait, ev)
+        except RuntimeError:  # loop closed: the server is going away
+            pass
+
+    def _drain(self) -> None:
+        eng = self.engine
+        while True:
+            try:
+                kind, h = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                h.seq = eng.add_request(h.prompt_ids, h.params)
+                h.seq.handle = h
+            elif kind == "abort" and h.seq is not None and not h.done:
+                eng.abort(h.seq)
+                self._emit(h, Event("", None, True, "abort", len(h.prompt_ids), len(h.seq.output_ids)))
+
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while not self._stop:
+                self._drain()
+                if not eng.has_unfinished():
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                for o in eng.step():
+                    h = getattr(o.seq, "handle", None)
+                    if h is None or h.done:
+                        continue
+                    s = o.seq
+                    self._emit(h, Event(o.delta, o.token, o.finished, s.finish_reason if o.finished else None,
+                                        len(s.prompt_ids), len(s.output_ids)))
+        except BaseException as e:  # surface engine crashes to every waiting request
+            self.error = e
+            for s in list(eng.scheduler.running) + list(eng.scheduler.waiting):
+                h = getattr(s, "handle", None)
+                if h is not None and not h.done:
+                    self._emit(h, Event("", None, True, "error", len(s.prompt_ids), len(s.output_ids)))
+            raise

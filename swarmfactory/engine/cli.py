@@ -1,0 +1,200 @@
+"""`swarmfactory engine serve | generate | bench`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Serve, run and benchmark the inference engine.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+err = Console(stderr=True)
+
+
+def _fail(msg: str, code: int = 2):
+    err.print(f"[red]error:[/red] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _config(config_file: Optional[Path], model: Optional[str], weights: Optional[str], threads: Optional[int],
+            max_batch: Optional[int], max_seq_len: Optional[int], kernel: list[str]):
+    from .config import ConfigError, EngineConfig
+
+    data: dict = {}
+    try:
+        if config_file is not None:
+            data = EngineConfig.from_yaml(config_file).model_dump()
+        overrides = {"model": model, "weights": weights, "threads": threads, "max_batch": max_batch,
+                     "max_seq_len": max_seq_len}
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        if kernel:
+            ks = dict(data.get("kernels") or {})
+            for item in kernel:
+                op, sep, name = item.partition("=")
+                if not sep:
+                    raise ConfigError(f"--kernel expects OP=NAME, got {item!r}")
+                ks[op] = name
+            data["kernels"] = ks
+        return EngineConfig.from_dict(data)
+    except (ConfigError, OSError) as e:
+        _fail(str(e))
+
+
+def _engine(cfg, debug: bool = False):
+    from .engine import Engine
+    from .gguf_loader import ModelNotFound
+    from .kernels import KernelError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        with err.status(f"loading model ({cfg.weights})"):
+            eng = Engine(cfg)
+    except (ModelNotFound, KernelError, ValueError) as e:
+        if debug:
+            raise
+        _fail(str(e))
+    err.print(f"loaded {eng.model_path.name} as {cfg.weights} in {eng.load_seconds:.1f}s "
+              f"({cfg.resolved_threads()} threads, max batch {cfg.max_batch})", highlight=False)
+    return eng
+
+
+WEIGHTS_HELP = "weight format: fp32, bf16 or q4_1"
+
+
+@app.command()
+def serve(
+    model: Optional[str] = typer.Option(None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)"),
+    weights: Optional[str] = typer.Option(None, help=WEIGHTS_HELP),
+    host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
+    port: int = typer.Option(8000, min=0, max=65535),
+    max_batch: Optional[int] = typer.Option(None, help="sequences decoded together"),
+    max_seq_len: Optional[int] = typer.Option(None, help="context length per sequence"),
+    threads: Optional[int] = typer.Option(None, help="torch threads (0: one per core)"),
+    kernel: list[str] = typer.Option([], help="OP=KERNEL, e.g. lm_head=dense (repeatable)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="EngineConfig YAML file"),
+    api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY",
+                                          help="require 'Authorization: Bearer KEY' on /v1/*"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+):
+    """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
+    cfg = _config(config, model, weights, threads, max_batch, max_seq_len, kernel)
+    eng = _engine(cfg, debug)
+    from .server import serve as run_server
+
+    err.print(f"serving on http://{host}:{port}" + (" (API key required)" if api_key else ""), highlight=False)
+    run_server(eng, host=host, port=port, api_key=api_key)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="prompt text"),
+    max_tokens: int = typer.Option(64, min=1),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+    seed: Optional[int] = typer.Option(None),
+    chat: bool = typer.Option(True, help="wrap the prompt in the model's chat template"),
+    model: Optional[str] = typer.Option(None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)"),
+    weights: Optional[str] = typer.Option(None, help=WEIGHTS_HELP),
+    threads: Optional[int] = typer.Option(None),
+    config: Optional[Path] = typer.Option(None, "--config", help="EngineConfig YAML file"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+):
+    """Generate one completion (greedy by default) and print it."""
+    import time
+
+    from .engine import RequestError
+
+    cfg = _config(config, model, weights, threads, 1, None, [])
+    eng = _engine(cfg, debug)
+    text = prompt
+    if chat and eng.tokenizer.has_chat_template:
+        text = eng.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    t0 = time.perf_counter()
+    try:
+        out = eng.generate(text, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)[0]
+    except (RequestError, ValueError) as e:
+        _fail(str(e))
+    dt = time.perf_counter() - t0
+    if json_out:
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_tokens": out.prompt_tokens,
+                          "completion_tokens": len(out.token_ids), "finish_reason": out.finish_reason,
+                          "seconds": dt, "config": cfg.model_dump()}))
+    else:
+        print(out.text)
+        err.print(f"{len(out.token_ids)} tokens in {dt:.2f}s ({len(out.token_ids) / dt:.1f} tok/s, "
+                  f"prompt {out.prompt_tokens} tokens, finish: {out.finish_reason})", highlight=False)
+
+
+@app.command()
+def bench(
+    url: str = typer.Option("http://127.0.0.1:8000", help="base URL of an OpenAI-compatible server"),
+    concurrency: str = typer.Option("1,4,16", help="comma-separated concurrency levels"),
+    input_len: int = typer.Option(128, min=1),
+    output_len: int = typer.Option(128, min=2),
+    num_prompts: int = typer.Option(64, min=1),
+    seed: int = typer.Option(0),
+    warmup: int = typer.Option(2, min=0, help="warmup requests before measuring"),
+    model: Optional[str] = typer.Option(None, help="model name to send (default: first of /v1/models)"),
+    api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
+):
+    """Measure a server: output tok/s, request/s, TTFT, TPOT, ITL at fixed concurrency levels."""
+    import httpx
+
+    from swarmfactory.bench.serving import bench_sync
+
+    try:
+        levels = [int(x) for x in concurrency.split(",") if x.strip()]
+        if not levels or min(levels) < 1:
+            raise ValueError
+    except ValueError:
+        _fail(f"--concurrency expects positive integers like 1,4,16, got {concurrency!r}")
+    try:
+        httpx.get(url.rstrip("/") + "/v1/models", timeout=5,
+                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    except httpx.HTTPError as e:
+        _fail(f"cannot reach {url}: {e}")
+
+    def progress(res):
+        err.print(f"concurrency {res.concurrency}: {res.output_tok_s:.1f} tok/s, "
+                  f"TTFT {res.ttft_ms_median:.0f} ms, TPOT {res.tpot_ms_median:.1f} ms, errors {res.errors}",
+                  highlight=False)
+
+    result = bench_sync(url, levels, input_len=input_len, output_len=output_len, num_prompts=num_prompts,
+                        seed=seed, warmup=warmup, model=model, api_key=api_key, on_level=progress)
+    if json_out:
+        print(json.dumps(result))
+        return
+    print_table(result)
+
+
+def print_table(result: dict, title: str | None = None):
+    t = Table(title=title or f"{result['url']}  in={result['input_len']} out={result['output_len']} "
+                              f"prompts={result['num_prompts']}")
+    for col in ("conc", "out tok/s", "req/s", "TTFT med", "TTFT p99", "TPOT med", "TPOT p99", "ITL med",
+                "ITL p99", "errors"):
+        t.add_column(col, justify="right")
+    for lv in result["levels"]:
+        t.add_row(str(lv["concurrency"]), f"{lv['output_tok_s']:.1f}", f"{lv['request_s']:.2f}",
+                  f"{lv['ttft_ms_median']:.0f}", f"{lv['ttft_ms_p99']:.0f}", f"{lv['tpot_ms_median']:.1f}",
+                  f"{lv['tpot_ms_p99']:.1f}", f"{lv['itl_ms_median']:.1f}", f"{lv['itl_ms_p99']:.1f}",
+                  str(lv["errors"]))
+    Console(width=max(120, Console().width)).print(t)
+
+
+def main():
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

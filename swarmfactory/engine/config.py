@@ -1,0 +1,96 @@
+"""EngineConfig: everything that determines how an engine is built.
+
+A config is a frozen value: two engines built from equal configs on the same machine
+compute the same thing at the same speed, so an engine factory can search over configs
+and key its results by them. Unknown keys are rejected with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+WeightFormat = Literal["fp32", "bf16", "q4_1"]
+
+# The linear layers of a Llama block plus the output head; each runs one kernel (kernels.py).
+OPS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+class ConfigError(ValueError):
+    """A config could not be built; the message says which key and why."""
+
+
+class EngineConfig(BaseModel):
+    """How to build an engine.
+
+    - ``model``: path to a GGUF file; ``None`` means the bundled SmolLM2-135M-Instruct.
+    - ``weights``: fp32 (exact: matches the HF fp32 reference), bf16, or q4_1 (4-bit, group 32).
+    - ``threads``: torch intra-op threads; 0 means one per available core.
+    - ``max_batch``: sequences decoded together (also the number of KV-cache slots).
+    - ``max_seq_len``: tokens per sequence (prompt + output) the KV cache holds.
+    - ``prefill_chunk``: most prompt tokens processed in one engine step; longer prompts are
+      split, so running sequences keep decoding while a long prompt is read.
+    - ``kernels``: op -> kernel name for ops in ``OPS``; ops not named use the format's default
+      (see ``kernels.default_kernel``). Names come from the kernel registry.
+    - ``dense_above``: q4_1 only; steps with more tokens than this run the dense bf16 copy of
+      the weights (faster when compute-bound, e.g. prefill). 0 disables the dense copy.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = None
+    weights: WeightFormat = "q4_1"
+    threads: int = Field(default=0, ge=0)
+    max_batch: int = Field(default=32, ge=1, le=1024)
+    max_seq_len: int = Field(default=2048, ge=16)
+    prefill_chunk: int = Field(default=256, ge=16)
+    kernels: dict[str, str] = Field(default_factory=dict)
+    dense_above: int = Field(default=32, ge=0)
+
+    @field_validator("kernels")
+    @classmethod
+    def _known_ops(cls, v: dict[str, str]) -> dict[str, str]:
+        for op in v:
+            if op not in OPS:
+                raise ValueError(f"unknown op {op!r} in kernels (known: {', '.join(OPS)})")
+        return v
+
+    def resolved_threads(self) -> int:
+        if self.threads:
+            return self.threads
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineConfig":
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(_one_line(e)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "EngineConfig":
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys")
+        return cls.from_dict(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(), sort_keys=True)
+
+
+def _one_line(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown key {loc!r}")
+        else:
+            parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

@@ -1,0 +1,131 @@
+"""LLMEngine: add requests, step, collect tokens. Single-threaded; the server drives it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import EngineConfig
+from .gguf_loader import load_gguf, resolve_model_path
+from .model import Llama
+from .model_runner import ModelRunner
+from .sampler import sample
+from .scheduler import Scheduler
+from .sequence import SamplingParams, Sequence, Status
+from .tokenizer import Tokenizer
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (empty or too long prompt...); message says why."""
+
+
+@dataclass
+class StepOutput:
+    seq: Sequence
+    token: int | None  # None when the sequence was finished without a new token (abort)
+    delta: str
+    finished: bool
+
+
+@dataclass
+class Completion:
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class Engine:
+    """A Llama-family GGUF model with a KV cache, a continuous-batching scheduler and a sampler.
+
+    ``Engine(config).generate(prompts, max_tokens=...)`` for one-shot use; ``add_request`` and
+    ``step`` for serving. Not thread-safe: drive it from one thread.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, **overrides):
+        if config is None:
+            config = EngineConfig.from_dict(overrides)
+        elif overrides:
+            config = EngineConfig.from_dict({**config.model_dump(), **overrides})
+        self.config = config
+        torch.set_num_threads(config.resolved_threads())
+        t0 = time.perf_counter()
+        self.model_path = resolve_model_path(config.model)
+        gg = load_gguf(self.model_path)
+        self.hparams = gg.hparams
+        self.tokenizer = Tokenizer(gg.metadata)
+        self.model = Llama(gg, config)
+        self.max_seq_len = min(config.max_seq_len, gg.hparams.context_length)
+        self.kv = self.model.new_cache(config.max_batch, self.max_seq_len)
+        self.scheduler = Scheduler(self.kv, config.max_batch, config.prefill_chunk)
+        self.runner = ModelRunner(self.model, self.kv)
+        self.model_name = gg.metadata.get("general.name") or self.model_path.stem
+        self.load_seconds = time.perf_counter() - t0
+        self._stop_ids = self.tokenizer.stop_token_ids
+
+    # -- serving API -----------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.check_prompt(ids, params)
+        seq = Sequence(ids, params, self.tokenizer)
+        self.scheduler.add(seq)
+        return seq
+
+    def check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if any((not isinstance(i, int)) or i < 0 or i >= self.hparams.vocab_size for i in ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {self.hparams.vocab_size})")
+        if len(ids) + params.max_tokens > self.max_seq_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"context length of this engine ({self.max_seq_len} tokens)"
+            )
+
+    def abort(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits, wants = self.runner.run(batch)
+        if not wants:
+            return []
+        tokens = sample(logits, [s.params for s in wants], [s.generator for s in wants])
+        outs = []
+        for s, t in zip(wants, tokens):
+            s.append(t, self._stop_ids, self.max_seq_len)
+            done = s.finish_reason is not None
+            if done:
+                self.scheduler.finish(s, s.finish_reason)
+            outs.append(StepOutput(s, t, s.take_delta(), done))
+        return outs
+
+    # -- one-shot API ------------------------------------------------------------------------
+    def generate(self, prompts: str | list[int] | list, max_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, stop: tuple[str, ...] | list[str] = (), seed: int | None = None,
+                 ignore_eos: bool = False) -> list[Completion]:
+        """Generate for every prompt (text or token ids), batched; returns completions in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                stop=tuple(stop), seed=seed, ignore_eos=ignore_eos)
+        seqs = [self.add_request(p, params) for p in prompts]
+        while any(s.status is not Status.FINISHED for s in seqs):
+            self.step()
+        return [Completion(len(s.prompt_ids), list(s.output_ids), s.text, s.finish_reason or "stop") for s in seqs]

@@ -1,0 +1,196 @@
+"""Linear-layer kernels, one class per kernel, chosen per op by ``EngineConfig.kernels``.
+
+This is the seam where the kernel factory plugs in: a kernel is a class with a ``name``, the
+weight types it accepts, and two methods:
+
+- ``__init__(weight, act_dtype)`` prepares the weight once (repacking, dequantising...). It may
+  keep references to ``weight`` but must not modify it.
+- ``__call__(x) -> y`` computes ``y = x @ W.T`` for ``x`` of shape [M, K] in ``act_dtype`` and
+  returns [M, N] in ``act_dtype``. It must not modify ``x`` and must be correct for every M >= 1.
+
+Register new kernels with ``register_kernel`` or the ``swarmfactory.engine_kernels`` entry-point
+group (name -> class); the engine verifies a build end to end (tests/engine), not per kernel.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
+
+from .gguf_loader import QuantTensor
+
+
+class Weight:
+    """One logical weight [N, K]: stored tensors concatenated along rows (e.g. q|k|v)."""
+
+    def __init__(self, parts: list[QuantTensor]):
+        self.parts = parts
+        self.qtypes = {p.qtype for p in parts}
+        self.rows = sum(p.rows for p in parts)
+        self.cols = parts[0].cols
+        self.name = "+".join(p.name for p in parts)
+
+    @property
+    def qtype(self) -> QT | None:
+        return next(iter(self.qtypes)) if len(self.qtypes) == 1 else None
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts]) if len(self.parts) > 1 else self.parts[0].dequantize()
+
+    def q4_1(self):
+        qs, ds, ms = zip(*(p.q4_1() for p in self.parts))
+        return torch.cat(qs), torch.cat(ds), torch.cat(ms)
+
+    def q8_0(self):
+        qs, ds = zip(*(p.q8_0() for p in self.parts))
+        return torch.cat(qs), torch.cat(ds)
+
+
+class LinearKernel(ABC):
+    name: ClassVar[str]
+    qtypes: ClassVar[frozenset[QT] | None] = None  # accepted stored types; None = any
+    act_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.float32, torch.bfloat16})
+
+    def __init__(self, weight: Weight, act_dtype: torch.dtype):
+        if self.qtypes is not None and not weight.qtypes <= self.qtypes:
+            got = ", ".join(sorted(q.name for q in weight.qtypes))
+            raise KernelError(f"kernel {self.name!r} cannot run {weight.name} (stored as {got})")
+        if act_dtype not in self.act_dtypes:
+            raise KernelError(f"kernel {self.name!r} does not support {act_dtype} activations")
+        self.act_dtype = act_dtype
+        self.out_features, self.in_features = weight.rows, weight.cols
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class KernelError(ValueError):
+    pass
+
+
+class Dense(LinearKernel):
+    """The stored weight dequantised to the activation dtype; F.linear (oneDNN / MKL)."""
+
+    name = "dense"
+
+    def __init__(self, weight: Weight, act_dtype: torch.dtype):
+        super().__init__(weight, act_dtype)
+        self.w = weight.dequantize().to(act_dtype).contiguous()
+
+    def __call__(self, x):
+        return F.linear(x, self.w)
+
+
+def _int4pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype):
+    """Pack for aten._weight_int4pack_mm_for_cpu, which computes w = (q - 8) * scale + zero."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)  # [K/32, N, 2]
+    return packed, sz
+
+
+class Int4Pack(LinearKernel):
+    """Q4_1 blocks run by torch's int4 CPU kernel: group 32, scale d, zero m + 8d (bf16)."""
+
+    name = "int4pack"
+    qtypes = frozenset({QT.Q4_1})
+    act_dtypes = frozenset({torch.bfloat16})
+
+    def __init__(self, weight: Weight, act_dtype: torch.dtype):
+        super().__init__(weight, act_dtype)
+        q, d, m = weight.q4_1()
+        self.packed, self.sz = _int4pack(q, d, m + 8 * d, act_dtype)
+
+    def __call__(self, x):
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, 32, self.sz)
+
+
+class Int4x2(LinearKernel):
+    """Q8_0 blocks run exactly as two int4 planes: q = 16*hi + lo, w = 16d*hi + d*lo.
+
+    Two calls of torch's int4 kernel read ~0.5 bytes/weight each, which at small M beats
+    a dense bf16 matmul (2 bytes/weight) and keeps the file's 8-bit precision.
+    """
+
+    name = "int4x2"
+    qtypes = frozenset({QT.Q8_0})
+    act_dtypes = frozenset({torch.bfloat16})
+
+    def __init__(self, weight: Weight, act_dtype: torch.dtype):
+        super().__init__(weight, act_dtype)
+        q, d = weight.q8_0()
+        q = q.to(torch.int16)
+        hi, lo = torch.div(q, 16, rounding_mode="floor"), torch.remainder(q, 16)  # hi in -8..7
+        zeros = torch.zeros_like(d)
+        self.hi = _int4pack(hi + 8, 16 * d, zeros, act_dtype)
+        self.lo = _int4pack(lo, d, 8 * d, act_dtype)
+
+    def __call__(self, x):
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.hi[0], 32, self.hi[1])
+        return y.add_(torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.lo[0], 32, self.lo[1]))
+
+
+_REGISTRY: dict[str, type[LinearKernel]] = {k.name: k for k in (Dense, Int4Pack, Int4x2)}
+_ENTRY_POINTS_LOADED = False
+
+
+def register_kernel(cls: type[LinearKernel]) -> type[LinearKernel]:
+    """Add a kernel class to the registry (usable as a decorator)."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def kernel_class(name: str) -> type[LinearKernel]:
+    global _ENTRY_POINTS_LOADED
+    if name not in _REGISTRY and not _ENTRY_POINTS_LOADED:
+        _ENTRY_POINTS_LOADED = True
+        for ep in entry_points(group="swarmfactory.engine_kernels"):
+            _REGISTRY.setdefault(ep.name, ep.load())
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KernelError(f"unknown kernel {name!r} (known: {', '.join(sorted(_REGISTRY))})") from None
+
+
+def available_kernels() -> list[str]:
+    kernel_class("dense")
+    return sorted(_REGISTRY)
+
+
+def default_kernel(weights: str, op: str, weight: Weight) -> str:
+    """The kernel an op runs when the config names none."""
+    if weights != "q4_1":
+        return "dense"
+    if weight.qtype == QT.Q4_1:
+        return "int4pack"
+    if weight.qtype == QT.Q8_0:
+        return "int4x2"
+    return "dense"
+
+
+class Linear:
+    """One op: its kernel, plus (q4_1 only) a dense bf16 copy used when M > dense_above."""
+
+    __slots__ = ("kernel", "dense", "dense_above")
+
+    def __init__(self, kernel: LinearKernel, dense: LinearKernel | None, dense_above: int):
+        self.kernel, self.dense, self.dense_above = kernel, dense, dense_above
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None and x.shape[0] > self.dense_above:
+            return self.dense(x)
+        return self.kernel(x)
+
+
+def build_linear(weights: str, op: str, weight: Weight, act_dtype: torch.dtype, name: str | None,
+                 dense_above: int) -> Linear:
+    kname = name or default_kernel(weights, op, weight)
+    kernel = kernel_class(kname)(weight, act_dtype)
+    dense = None
+    if weights == "q4_1" and dense_above > 0 and kname != "dense":
+        dense = Dense(weight, act_dtype)
+    return Linear(kernel, dense, dense_above)

@@ -1,0 +1,155 @@
+"""Llama-family decoder (SmolLM2, Llama 2/3...) over a flat batch of tokens.
+
+One forward runs a mixed step: decode tokens of running sequences (one each, batched attention
+over the KV cache) followed by prompt chunks of sequences being prefilled (causal attention per
+chunk). All linear layers see the whole flat batch, so matmuls are as large as the step allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .config import EngineConfig
+from .gguf_loader import GGUFModel
+from .kernels import Linear, Weight, build_linear
+from .kv_cache import KVCache
+
+
+@dataclass
+class PrefillChunk:
+    row: int  # first row of the chunk in the flat batch
+    n: int  # tokens in the chunk
+    slot: int
+    start: int  # position of the chunk's first token
+
+
+@dataclass
+class StepInput:
+    """What one forward computes; built by the model runner."""
+
+    tokens: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    slots: torch.Tensor  # [N] int64, KV slot of each token
+    n_decode: int  # rows [0, n_decode) are decode tokens, one per sequence
+    decode_slots: torch.Tensor | None  # [B]
+    decode_range: tuple[int, int] | None  # (first, last + 1) when decode slots are contiguous
+    decode_len: int  # longest context among decode rows (after this step's token)
+    decode_mask: torch.Tensor | None  # [B, 1, 1, decode_len] bool, None when all lengths equal
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    logit_rows: torch.Tensor | None = None  # rows whose next-token logits are wanted
+
+
+class Layer:
+    __slots__ = ("attn_norm", "qkv", "o", "ffn_norm", "gate_up", "down")
+
+    def __init__(self, attn_norm, qkv, o, ffn_norm, gate_up, down):
+        self.attn_norm, self.qkv, self.o = attn_norm, qkv, o
+        self.ffn_norm, self.gate_up, self.down = ffn_norm, gate_up, down
+
+
+class Llama:
+    def __init__(self, gg: GGUFModel, cfg: EngineConfig):
+        hp = gg.hparams
+        self.hp = hp
+        self.dtype = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
+        self.n_heads, self.n_kv, self.hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
+        self.group = hp.n_heads // hp.n_kv_heads
+        self.eps = hp.norm_eps
+        kernels = cfg.kernels
+        dt = self.dtype
+
+        def lin(op: str, *names: str) -> Linear:
+            w = Weight([gg.tensor(n) for n in names])
+            return build_linear(cfg.weights, op, w, dt, kernels.get(op), cfg.dense_above)
+
+        def vec(name: str) -> torch.Tensor:
+            return gg.tensor(name).dequantize().reshape(-1).to(dt)
+
+        self.embed = gg.tensor("token_embd.weight").dequantize().to(dt)
+        self.layers = []
+        for i in range(hp.n_layers):
+            p = f"blk.{i}."
+            self.layers.append(Layer(
+                vec(p + "attn_norm.weight"),
+                lin("qkv", p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+                lin("o", p + "attn_output.weight"),
+                vec(p + "ffn_norm.weight"),
+                lin("gate_up", p + "ffn_gate.weight", p + "ffn_up.weight"),
+                lin("down", p + "ffn_down.weight"),
+            ))
+        self.norm = vec("output_norm.weight")
+        self.lm_head = lin("lm_head", "token_embd.weight" if hp.tied_embeddings else "output.weight")
+
+        # RoPE tables exactly as HF computes them (fp32), cast to the activation dtype.
+        n_pos = min(cfg.max_seq_len, hp.context_length)
+        inv = 1.0 / (hp.rope_theta ** (torch.arange(0, self.hd, 2, dtype=torch.int64).float() / self.hd))
+        freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        half = self.hd // 2
+        sin = emb.sin()
+        # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one roll instead of a cat.
+        self.cos = emb.cos().to(dt)
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dt)
+
+    def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
+        return KVCache(self.hp.n_layers, slots, self.n_kv, max_seq_len, self.hd, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, s: StepInput, kv: KVCache) -> torch.Tensor:
+        """Returns fp32 logits [len(logit_rows), vocab]."""
+        n = s.tokens.shape[0]
+        H, KV, D, G = self.n_heads, self.n_kv, self.hd, self.group
+        qk_heads, half, eps = H + KV, self.hd // 2, self.eps
+        cos = self.cos[s.positions].unsqueeze(1)  # [N, 1, D]
+        sin = self.sin_signed[s.positions].unsqueeze(1)
+        nd = s.n_decode
+        x = F.embedding(s.tokens, self.embed)
+        for li, L in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), L.attn_norm, eps)
+            qkv = L.qkv(h)
+            qk = qkv[:, : qk_heads * D].view(n, qk_heads, D)
+            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)
+            k = qk[:, H:]
+            v = qkv[:, qk_heads * D :].view(n, KV, D)
+            kc, vc = kv.k[li], kv.v[li]
+            kc[s.slots, :, s.positions] = k
+            vc[s.slots, :, s.positions] = v
+            outs = []
+            if nd:
+                q = qk[:nd, :H].view(nd, KV, G, D)
+                if s.decode_range is not None:
+                    a, b = s.decode_range
+                    kk, vv = kc[a:b, :, : s.decode_len], vc[a:b, :, : s.decode_len]
+                else:
+                    kk, vv = kc[s.decode_slots, :, : s.decode_len], vc[s.decode_slots, :, : s.decode_len]
+                outs.append(F.scaled_dot_product_attention(q, kk, vv, attn_mask=s.decode_mask).reshape(nd, H * D))
+            for c in s.prefills:
+                q = qk[c.row : c.row + c.n, :H].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+                end = c.start + c.n
+                kk, vv = kc[c.slot : c.slot + 1, :, :end], vc[c.slot : c.slot + 1, :, :end]
+                if c.start == 0:
+                    o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=True)
+                else:
+                    mask = _offset_causal_mask(c.n, c.start)
+                    o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+                outs.append(o.squeeze(0).transpose(0, 1).reshape(c.n, H * D))
+            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+            x = x + L.o(attn)
+            h = F.rms_norm(x, (x.shape[-1],), L.ffn_norm, eps)
+            gu = L.gate_up(h)
+            f = gu.shape[-1] // 2
+            x = x + L.down(F.silu(gu[:, :f]) * gu[:, f:])
+        if s.logit_rows is not None:
+            if s.logit_rows.numel() == 0:
+                return torch.empty(0, self.hp.vocab_size)
+            x = x[s.logit_rows]
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, eps)
+        return self.lm_head(x).float()
+
+
+def _offset_causal_mask(n: int, start: int) -> torch.Tensor:
+    """[n, start + n] bool: query i (at position start + i) sees keys 0..start + i."""
+    return torch.arange(start + n)[None, :] <= (torch.arange(n)[:, None] + start)

@@ -1,0 +1,74 @@
+"""Turns a scheduled step into tensors, runs the model, and returns next-token logits."""
+
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Llama, PrefillChunk, StepInput
+from .scheduler import Scheduled
+from .sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: Llama, kv: KVCache):
+        self.model = model
+        self.kv = kv
+
+    def build(self, batch: Scheduled) -> tuple[StepInput, list[Sequence]]:
+        """The step's input and the sequences that get a next token, in logit-row order."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        wants: list[Sequence] = []
+        rows: list[int] = []
+        dec = batch.decode
+        lens = []
+        for s in dec:
+            tokens.append(s.last_token())
+            positions.append(s.num_tokens - 1)
+            slots.append(s.slot)
+            lens.append(s.num_tokens)
+            rows.append(len(rows))
+            wants.append(s)
+        chunks = []
+        for s, n in batch.prefill:
+            row = len(tokens)
+            tokens.extend(s.prompt_ids[s.n_cached : s.n_cached + n])
+            positions.extend(range(s.n_cached, s.n_cached + n))
+            slots.extend([s.slot] * n)
+            chunks.append(PrefillChunk(row=row, n=n, slot=s.slot, start=s.n_cached))
+            if s.n_cached + n == len(s.prompt_ids):
+                rows.append(row + n - 1)
+                wants.append(s)
+        dslots = [s.slot for s in dec]
+        contiguous = bool(dslots) and dslots == list(range(dslots[0], dslots[0] + len(dslots)))
+        mask = None
+        dlen = max(lens, default=0)
+        if lens and min(lens) != dlen:
+            mask = (torch.arange(dlen)[None, :] < torch.tensor(lens)[:, None]).view(len(lens), 1, 1, dlen)
+        n_rows = len(tokens)
+        step = StepInput(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            slots=torch.tensor(slots, dtype=torch.long),
+            n_decode=len(dec),
+            decode_slots=None if contiguous or not dslots else torch.tensor(dslots, dtype=torch.long),
+            decode_range=(dslots[0], dslots[-1] + 1) if contiguous else None,
+            decode_len=dlen,
+            decode_mask=mask,
+            prefills=chunks,
+            logit_rows=None if rows == list(range(n_rows)) else torch.tensor(rows, dtype=torch.long),
+        )
+        return step, wants
+
+    def run(self, batch: Scheduled) -> tuple[torch.Tensor, list[Sequence]]:
+        step, wants = self.build(batch)
+        if not wants:  # only partial prompt chunks: fill the cache, skip the output head
+            step.logit_rows = torch.empty(0, dtype=torch.long)
+        logits = self.model.forward(step, self.kv)
+        for s, n in batch.prefill:
+            s.n_cached += n
+        for s in batch.decode:
+            s.n_cached += 1
+        return logits, wants

@@ -1,0 +1,109 @@
+"""A request as the engine sees it: prompt, sampling parameters, generated tokens and text."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from .tokenizer import IncrementalDecoder, Tokenizer
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax; ties go to the lowest token id)."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError("temperature must be in [0, 100]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tokenizer: Tokenizer | None = None  # None: token ids only, no text or stop strings
+    id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int = -1
+    n_cached: int = 0  # tokens whose K/V are in the cache
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    text: str = ""  # generated text (stop string excluded)
+    emitted: int = 0  # characters of text already handed out as deltas
+
+    def __post_init__(self):
+        self.generator = None
+        if self.params.seed is not None and not self.params.greedy:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+        self._decoder = IncrementalDecoder(self.tokenizer) if self.tokenizer else None
+        self._hold = max((len(s) for s in self.params.stop), default=1) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_cached < len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def append(self, token: int, stop_ids: frozenset[int], max_len: int) -> None:
+        """Record a sampled token; finish on EOS, stop string, max_tokens or cache length."""
+        self.output_ids.append(token)
+        if token in stop_ids and not self.params.ignore_eos:
+            self.finish_reason = "stop"
+        elif self._decoder is not None:
+            start = max(0, len(self.text) - self._hold - 1)
+            self.text += self._decoder.push(token)
+            for s in self.params.stop:
+                i = self.text.find(s, start)
+                if i >= 0:
+                    self.text, self.finish_reason = self.text[:i], "stop"
+                    break
+        if self.finish_reason is None and (
+            len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= max_len
+        ):
+            self.finish_reason = "length"
+            if self._decoder is not None:
+                self.text += self._decoder.flush()
+
+    def take_delta(self) -> str:
+        """Text not yet handed out; holds back a possible stop-string prefix until finished."""
+        end = len(self.text) if self.finish_reason else max(self.emitted, len(self.text) - self._hold)
+        delta, self.emitted = self.text[self.emitted : end], end
+        return delta

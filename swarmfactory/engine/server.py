@@ -1,0 +1,291 @@
+"""OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+Bad requests get a 4xx with an OpenAI-style error body naming the problem; they are rejected
+before they reach the engine, so they never disturb running requests. A client that goes away
+(streaming or not) has its request aborted and its KV slot freed at the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .async_engine import AsyncEngine, Handle
+from .engine import Engine, RequestError
+from .sequence import SamplingParams
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class _Common(BaseModel):
+    # Unknown OpenAI fields (user, logit_bias...) are ignored, as OpenAI-compatible servers do.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: int = 1
+    ignore_eos: bool = False  # vLLM / llama.cpp extension, used by fixed-length benchmarks
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = ""
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401:
+        kind = "authentication_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
+
+
+def _content_text(c) -> str:
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    parts = []
+    for p in c:
+        if p.get("type") != "text":
+            raise ApiError(400, f"message content part of type {p.get('type')!r} is not supported", "messages")
+        parts.append(str(p.get("text", "")))
+    return "".join(parts)
+
+
+def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="swarmfactory engine", docs_url=None, redoc_url=None)
+    state: dict[str, AsyncEngine] = {}
+    model_id = engine.model_path.stem
+    created = int(time.time())
+
+    @app.on_event("startup")
+    async def _start():
+        state["ae"] = AsyncEngine(engine)
+
+    @app.on_event("shutdown")
+    async def _stop():
+        state["ae"].shutdown()
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/"):
+            auth = request.headers.get("authorization", "")
+            token = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), api_key.encode()):
+                return _error(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return _error(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return _error(e.status, e.message, e.param, e.code)
+
+    @app.get("/health")
+    async def health():
+        ae = state.get("ae")
+        ok = ae is not None and ae.alive
+        body = {"status": "ok" if ok else "error", "running": engine.num_running,
+                "waiting": engine.num_waiting, "free_slots": engine.kv.free_slots,
+                "max_batch": engine.config.max_batch}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
+                                            "owned_by": "swarmfactory", "max_model_len": engine.max_seq_len}]}
+
+    async def _parse(request: Request, cls):
+        body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"])
+            raise ApiError(400, f"{loc}: {err['msg']}" if loc else err["msg"], loc or None) from None
+
+    def _params(req: _Common, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
+        if req.n != 1:
+            raise ApiError(400, "only n=1 is supported", "n")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stop) > 8 or any(not s for s in stop):
+            raise ApiError(400, "stop must be at most 8 non-empty strings", "stop")
+        if max_tokens is None:
+            max_tokens = max(1, engine.max_seq_len - len(prompt_ids))
+        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                stop=tuple(stop), seed=req.seed, ignore_eos=req.ignore_eos)
+        try:
+            engine.check_prompt(prompt_ids, params)
+        except RequestError as e:
+            raise ApiError(400, str(e), "messages" if isinstance(req, ChatRequest) else "prompt",
+                           "context_length_exceeded" if "exceeds" in str(e) else None) from None
+        return params
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = await _parse(request, ChatRequest)
+        if not engine.tokenizer.has_chat_template:
+            raise ApiError(400, "this model has no chat template; use /v1/completions")
+        msgs = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
+        try:
+            text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+        except Exception as e:  # the template may reject a conversation (raise_exception)
+            raise ApiError(400, f"chat template rejected the messages: {e}", "messages") from None
+        ids = engine.tokenizer.encode(text)
+        params = _params(req, ids, req.max_completion_tokens or req.max_tokens)
+        return await _respond(request, req, ids, params, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await _parse(request, CompletionRequest)
+        p = req.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise ApiError(400, "only one prompt per request is supported", "prompt")
+            p = p[0]
+        ids = engine.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        params = _params(req, ids, req.max_tokens if req.max_tokens is not None else 16)
+        return await _respond(request, req, ids, params, chat=False)
+
+    async def _respond(request: Request, req: _Common, ids: list[int], params: SamplingParams, chat: bool):
+        ae = state["ae"]
+        if not ae.alive:
+            raise ApiError(503, "the engine has stopped; restart the server")
+        h = ae.submit(ids, params)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        obj = "chat.completion" if chat else "text_completion"
+        if req.stream:
+            usage = bool((req.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_stream(ae, h, rid, obj + (".chunk" if chat else ""), chat, usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _collect(request, ae, h, rid, obj, chat)
+
+    async def _collect(request: Request, ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool):
+        parts, last = [], None
+        watch = asyncio.create_task(_watch_disconnect(request))
+        try:
+            async for ev in _until_disconnect(h, watch):
+                parts.append(ev.delta)
+                last = ev
+        finally:
+            watch.cancel()
+            if not h.done:
+                ae.abort(h)
+        if last is None or last.finish_reason == "abort":
+            return _error(499, "client closed request")
+        if last.finish_reason == "error":
+            return _error(500, "the engine failed while generating")
+        text = "".join(parts)
+        choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": model_id, "choices": [choice],
+                "usage": _usage(last)}
+
+    async def _stream(ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool, usage: bool):
+        created_at = int(time.time())
+
+        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                d: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
+                    {} if delta is None else {"content": delta})
+                c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            else:
+                c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            return "data: " + json.dumps({"id": rid, "object": obj, "created": created_at, "model": model_id,
+                                          "choices": [c]}) + "\n\n"
+
+        try:
+            if chat:
+                yield chunk(None, None, role=True)
+            last = None
+            async for ev in h:
+                last = ev
+                if ev.finish_reason in ("abort", "error"):
+                    break
+                if ev.delta:
+                    yield chunk(ev.delta, None)
+            if last is not None and last.finish_reason == "error":
+                yield "data: " + json.dumps({"error": {"message": "the engine failed while generating",
+                                                       "type": "server_error"}}) + "\n\n"
+            elif last is not None and last.finish_reason != "abort":
+                yield chunk(None if chat else "", last.finish_reason)
+                if usage:
+                    yield "data: " + json.dumps({"id": rid, "object": obj, "created": created_at,
+                                                 "model": model_id, "choices": [], "usage": _usage(last)}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        finally:  # runs on normal end and when the client disconnects (generator closed)
+            ae.abort(h)
+
+    return app
+
+
+def _usage(ev) -> dict:
+    return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
+            "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.05)
+
+
+async def _until_disconnect(h: Handle, watch: asyncio.Task):
+    """Events of h until it finishes; stops early when the watch task ends (client gone)."""
+    while True:
+        get = asyncio.ensure_future(h.events.get())
+        done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if get not in done:
+            get.cancel()
+            return
+        ev = get.result()
+        yield ev
+        if ev.finished:
+            return
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          log_level: str = "warning") -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(engine, api_key), host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=5)
