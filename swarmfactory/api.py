@@ -22,10 +22,11 @@ def candidate_record(problem: Problem, source: str, agent: str, operator: str, *
 
 
 def record(store: Store, problem: Problem, cand: dict, verdict: Verdict, run_id: str | None,
-           validation_version: str) -> int:
+           validation_version: str, purpose: str = "search") -> int:
     store.record_problem(problem)
     store.record_candidate(cand)
-    return store.record_evaluation(cand["id"], problem, verdict, run_id, validation_version, tool_versions())
+    return store.record_evaluation(cand["id"], problem, verdict, run_id, validation_version,
+                                   tool_versions(), purpose)
 
 
 def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
@@ -40,6 +41,6 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
     finally:
         harness.close()
     cand = candidate_record(problem, source, agent="user", operator="eval")
-    eval_id = record(store, problem, cand, verdict, None, vversion)
+    eval_id = record(store, problem, cand, verdict, None, vversion, purpose="eval")
     return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
             "problem": problem.name, "validation_version": vversion}

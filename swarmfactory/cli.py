@@ -14,8 +14,9 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="swarmfactory: agent swarms that build, verify and measure inference kernels.")
-err = Console(stderr=True)
-out = Console()
+# Off a terminal (CI logs, pipes) Rich would wrap tables at 80 columns; give them room.
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 200)
 STORE_HELP = "evidence store: a SQLite path or a SQLAlchemy URL (postgresql://...)"
 
 
@@ -103,6 +104,87 @@ def _print_verdict(res: dict) -> None:
         out.print(f"baseline: {res['baseline']}; {res['cases_checked']} validation cases passed")
     for flag in res.get("flags", []):
         out.print(f"[yellow]flag:[/] {flag}")
+
+
+@app.command("run")
+def run_cmd(
+    problems: Optional[str] = typer.Option(None, "--problems", help="'all' or a comma-separated list of names/paths"),
+    budget: Optional[int] = typer.Option(None, "--budget", help="evaluations (new measurements) in this run"),
+    time_budget: Optional[str] = typer.Option(None, "--time", help="wall-clock budget: 90s, 10m, 1h"),
+    agents: Optional[str] = typer.Option(None, "--agents", help="'default' or a comma-separated list of agents"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="continue an interrupted run by its id"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (flags override it)"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", help="evaluations in flight (default 2)"),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="timing rounds per shape (default 20)"),
+    compile_baselines: Optional[bool] = typer.Option(None, "--compile-baselines/--no-compile-baselines",
+                                                     help="also time torch.compile'd baselines (default on)"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+):
+    """Run the swarm on a set of problems until the budget (evaluations or time) is spent."""
+    from swarmfactory.config import ConfigError, RunConfig, parse_duration
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.swarm.coordinator import Coordinator, RunError
+    from swarmfactory.swarm.summary import summarize
+    from swarmfactory.ui import RichProgress, agent_table, result_table
+
+    try:
+        overrides = {"problems": problems, "budget": budget, "time_s": parse_duration(time_budget),
+                     "agents": agents, "parallel": parallel, "rounds": rounds,
+                     "compile_baselines": compile_baselines, "seed": seed}
+        if config:
+            cfg = RunConfig.from_yaml(config, **overrides)
+        else:
+            cfg = RunConfig.build(**{k: v for k, v in overrides.items() if v is not None})
+        if not resume and cfg.budget is None and cfg.time_s is None:
+            fail("give a budget: --budget N evaluations and/or --time 10m")
+        st = Store(store)
+        coord = Coordinator(cfg, st, resume=resume, progress=None if as_json else RichProgress(err))
+    except (ConfigError, RunError, ValueError) as exc:
+        fail(str(exc))
+    run_id = coord.run()
+    summary = summarize(st, run_id)
+    if as_json:
+        print(json.dumps(summary, default=str))
+        return
+    out.print(result_table(summary))
+    out.print(agent_table(summary))
+    out.print(f"store: {st.url}   show again: swarmfactory show {run_id}"
+              + (f" --store {store}" if store else ""), markup=False)
+
+
+@app.command("show")
+def show_cmd(
+    run_id: Optional[str] = typer.Argument(None, help="a run id (default: the latest run)"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Champions, speedups with CI, outcome counts and the agent scoreboard of a run."""
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.swarm.summary import summarize
+    from swarmfactory.ui import agent_table, result_table
+
+    summary = summarize(Store(store), run_id)
+    if as_json:
+        print(json.dumps(summary, default=str))
+        return
+    out.print(result_table(summary))
+    out.print(agent_table(summary))
+
+
+@app.command("report")
+def report_cmd(
+    run_id: Optional[str] = typer.Argument(None, help="a run id (default: the latest run)"),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+):
+    """Write one self-contained HTML report of a run."""
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.report.html import write_report
+
+    path = write_report(Store(store), run_id, output)
+    out.print(f"wrote {path}")
 
 
 def _mount_optional() -> None:

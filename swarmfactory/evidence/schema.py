@@ -65,6 +65,7 @@ evaluations = Table(
     Column("problem_spec", String(32), nullable=False),
     Column("validation_version", String(32), nullable=False),
     Column("run_id", String(32), index=True),
+    Column("purpose", String(16), nullable=False),         # search | remeasure | eval | reverify
     Column("hardware_id", String(32), nullable=False),
     Column("hardware", JSON, nullable=False),
     Column("tools", JSON, nullable=False),

@@ -129,11 +129,11 @@ class Store:
 
     # -- evaluations --------------------------------------------------------------------------
     def record_evaluation(self, candidate_id: str, problem, verdict, run_id: str | None,
-                          validation_version: str, tools: dict) -> int:
+                          validation_version: str, tools: dict, purpose: str = "search") -> int:
         d = verdict.to_dict()
         res = self._exec(insert(S.evaluations).values(
             candidate_id=candidate_id, problem=problem.name, problem_spec=problem.spec_hash(),
-            validation_version=validation_version, run_id=run_id, hardware_id=self.hardware["id"],
+            validation_version=validation_version, run_id=run_id, purpose=purpose, hardware_id=self.hardware["id"],
             hardware=self.hardware, tools=tools, outcome=d["outcome"], stage=d["stage"],
             detail=d["detail"], speedup=d["speedup"], ci_low=d["ci_low"], ci_high=d["ci_high"],
             vs_reference=d["vs_reference"], roofline_fraction=d["roofline_fraction"],
@@ -206,12 +206,6 @@ class Store:
             problem=problem.name, spec_hash=problem.spec_hash(),
             shape_key=json.dumps(dict(shape), sort_keys=True), hardware_id=self.hardware["id"],
             tools_key=_tools_key(), compile=int(compile_too), record=_jsonable(record)))
-
-    def get_roofs(self, threads: int) -> dict | None:
-        rows = self._rows(select(S.roofs.c.record).where(
-            S.roofs.c.hardware_id == self.hardware["id"], S.roofs.c.threads == threads)
-            .order_by(S.roofs.c.id.desc()).limit(1))
-        return rows[0]["record"] if rows else None
 
     def put_roofs(self, threads: int, record: dict) -> None:
         self._exec(insert(S.roofs).values(hardware_id=self.hardware["id"], threads=threads, record=record))

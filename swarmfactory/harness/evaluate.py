@@ -147,13 +147,12 @@ class Harness:
         return self._choices[key]
 
     def roofs(self) -> dict:
+        """Measured once per harness (a few seconds; the machine's state today) and recorded."""
         if self._roofs is None:
             cpus = self.config.cpus("measure")
-            self._roofs = self.store.get_roofs(len(cpus)) if self.store else None
-            if self._roofs is None:
-                self._roofs = measure_roofs(cpus)
-                if self.store:
-                    self.store.put_roofs(len(cpus), self._roofs)
+            self._roofs = measure_roofs(cpus)
+            if self.store:
+                self.store.put_roofs(len(cpus), self._roofs)
         return self._roofs
 
     def _implausible(self, v: Verdict) -> bool:

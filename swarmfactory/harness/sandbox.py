@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import weakref
 
 from swarmfactory.harness import protocol
 from swarmfactory.harness.outcome import Outcome, Rejected
@@ -24,6 +26,16 @@ from swarmfactory.harness.outcome import Outcome, Rejected
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
              "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "SWARMFACTORY_CACHE")
 CLONE_NEWNET = 0x40000000
+_LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_all() -> None:
+    """Kill every live worker (an interrupted run must not leave kernels spinning)."""
+    with _LIVE_LOCK:
+        workers = list(_LIVE)
+    for w in workers:
+        w.kill()
 
 
 def worker_env(tmpdir: str, threads: int) -> dict[str, str]:
@@ -72,6 +84,8 @@ class Worker:
         os.close(p_in_r)
         os.close(p_out_w)
         self.fd_w, self.fd_r = p_in_w, p_out_r
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def request(self, msg: dict, timeout: float, stage: str) -> dict:
         """Send ``msg``; return the reply or raise Rejected (crash / timeout / error)."""

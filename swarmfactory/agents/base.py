@@ -1,0 +1,91 @@
+"""The agent contract: read a view of the board, return proposals.
+
+``propose`` must be cheap (the coordinator calls it between evaluations), must not mutate the
+board, and may return fewer proposals than asked (an empty list means "nothing to add now").
+Agents are stateless between calls unless documented; anything worth keeping goes in the store.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarmfactory.problems.spec import Problem
+
+
+@dataclass
+class Proposal:
+    source: str
+    agent: str
+    operator: str
+    knobs: dict[str, Any] | None = None
+    parents: list[str] = field(default_factory=list)
+    generation: int = 0
+
+
+@dataclass
+class Entry:
+    """One evaluated candidate as agents see it."""
+
+    candidate_id: str
+    knobs: dict[str, Any] | None
+    outcome: str
+    speedup: float | None
+    agent: str
+    generation: int
+    detail: str = ""
+
+    @property
+    def correct(self) -> bool:
+        return self.outcome in ("faster", "not_faster")
+
+
+@dataclass
+class Board:
+    """What an agent may read: the problem, what has been tried, the champion, lessons."""
+
+    problem: Problem
+    entries: list[Entry]
+    champion: Entry | None
+    lessons: list[str]
+    rng: random.Random
+    budget_left: int | None = None
+
+    def elites(self, k: int = 8) -> list[Entry]:
+        good = [e for e in self.entries if e.correct and e.speedup is not None]
+        return sorted(good, key=lambda e: e.speedup, reverse=True)[:k]
+
+    def tried(self) -> set[str]:
+        return {knob_key(e.knobs) for e in self.entries if e.knobs is not None}
+
+
+def knob_key(knobs: dict[str, Any] | None) -> str:
+    return "" if knobs is None else repr(sorted(knobs.items()))
+
+
+class Agent(ABC):
+    name: str = "agent"
+
+    @abstractmethod
+    def propose(self, board: Board, n: int = 1) -> list[Proposal]:
+        """Up to ``n`` proposals for ``board.problem``."""
+
+
+def knob_proposal(board: Board, knobs: dict, agent: str, operator: str, parents: list[Entry]) -> Proposal | None:
+    """Render ``knobs`` if valid and untried; None otherwise."""
+    problem = board.problem
+    if not problem.valid_knobs(knobs) or knob_key(knobs) in board.tried():
+        return None
+    gen = 1 + max((p.generation for p in parents), default=-1)
+    return Proposal(problem.render(knobs), agent, operator, dict(knobs),
+                    [p.candidate_id for p in parents], gen)
+
+
+def tournament(board: Board, k: int = 3) -> Entry | None:
+    elites = board.elites()
+    if not elites:
+        return None
+    pool = board.rng.sample(elites, min(k, len(elites)))
+    return max(pool, key=lambda e: e.speedup)

@@ -1,0 +1,277 @@
+"""The coordinator: the loop that turns agent proposals into evidence and champions.
+
+Per turn: pick a problem (round robin), ask agents in bandit order for a proposal, drop
+duplicates (content hash, across runs on this hardware and validation set), submit to the
+executor, and when a verdict returns: record it (its own transaction), update the champion,
+reward the agent. A ``kill -9`` loses only the evaluations in flight; ``resume`` continues the
+run with the budget it had left. At the end each champion is re-measured before it is announced.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+
+from swarmfactory.agents import make_agents
+from swarmfactory.agents.base import Board, Entry, Proposal
+from swarmfactory.api import candidate_record, record
+from swarmfactory.config import RunConfig
+from swarmfactory.evidence.store import Store, content_hash
+from swarmfactory.harness.evaluate import Harness, HarnessConfig
+from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.problems import Problem, resolve_problems
+from swarmfactory.swarm.bandit import Bandit
+from swarmfactory.swarm.executors import Executor, LocalExecutor
+from swarmfactory.validation import validation_set
+
+
+MAX_IDLE_TURNS = 50      # consecutive turns in which no agent had anything new: the run is done
+PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
+
+
+class RunError(ValueError):
+    """A run that cannot start or resume; the message says why."""
+
+
+@dataclass
+class ProblemState:
+    problem: Problem
+    cases: list
+    vversion: str
+    entries: list[Entry] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    champion: Entry | None = None
+    exhausted: bool = False
+    pending: dict[str, Entry] = field(default_factory=dict)  # in flight, by candidate id
+
+
+class NullProgress:
+    def start(self, run_id, total, time_s, problems): ...
+    def update(self, done, champions, counts): ...
+    def stop(self): ...
+
+
+class Coordinator:
+    def __init__(self, config: RunConfig, store: Store, resume: str | None = None,
+                 progress=None, executor: Executor | None = None):
+        self.store, self.progress = store, progress or NullProgress()
+        if resume:
+            row = store.run(resume)
+            if row is None:
+                raise RunError(f"no run {resume!r} in {store.url}")
+            if row["status"] == "finished":
+                raise RunError(f"run {resume} already finished; start a new run (its champions carry over)")
+            config = RunConfig.build(**row["config"])
+            self.run_id = resume
+        else:
+            self.run_id = None
+        self.config = config
+        self.problems = resolve_problems(",".join(config.problems))
+        self.agents = {a.name: a for a in make_agents(config.agents)}
+        self.rng = random.Random(f"{config.seed}:{resume or ''}")
+        self.bandit = Bandit(list(self.agents), self.rng)
+        measure, verify = self._cpu_split(config.parallel)
+        self.harness = Harness(HarnessConfig(rounds=config.rounds, min_effect=config.min_effect,
+                                             compile_baselines=config.compile_baselines,
+                                             measure_cpus=measure, verify_cpus=verify), store=store)
+        self.executor = executor or LocalExecutor(self.harness, config.parallel)
+        self.counts: Counter = Counter()
+        self.duplicates = 0
+
+    @staticmethod
+    def _cpu_split(parallel: int):
+        cpus = sorted(os.sched_getaffinity(0))
+        if parallel > 1 and len(cpus) >= 2:
+            return (cpus[-1],), tuple(cpus[:-1])  # measurements pinned apart from builds
+        return None, None
+
+    # -- state ----------------------------------------------------------------------------------
+    def _load_state(self) -> dict[str, ProblemState]:
+        states = {}
+        hw = self.store.hardware["id"]
+        for p in self.problems:
+            self.store.record_problem(p)
+            cases, vversion = validation_set(p, self.store)
+            st = ProblemState(p, cases, vversion)
+            for ev in self.store.evaluations(problem=p.name, this_hardware=True):
+                if ev["problem_spec"] != p.spec_hash() or ev["hardware_id"] != hw:
+                    continue
+                if ev["validation_version"] == vversion:
+                    st.seen.add(ev["candidate_id"])
+                cand = self.store.candidate(ev["candidate_id"])
+                if cand is not None and ev["purpose"] in ("search", "eval"):
+                    st.entries.append(self._entry(cand, ev["outcome"], ev["speedup"], ev["detail"]))
+            champ = self.store.champion(p)
+            if champ is not None:
+                cand = self.store.candidate(champ["candidate_id"])
+                st.champion = self._entry(cand, "faster", champ["speedup"], "champion")
+            states[p.name] = st
+        return states
+
+    @staticmethod
+    def _entry(cand: dict, outcome: str, speedup, detail: str) -> Entry:
+        return Entry(cand["id"], cand["knobs"], outcome, speedup, cand["agent"], cand["generation"], detail)
+
+    def _done_in_run(self) -> int:
+        return sum(1 for e in self.store.evaluations(run_id=self.run_id) if e["purpose"] == "search")
+
+    def _replay_bandit(self) -> None:
+        champs = {r["candidate_id"] for p in self.problems for r in self.store.champion_history(p.name)
+                  if r["run_id"] == self.run_id}
+        for ev in self.store.evaluations(run_id=self.run_id):
+            cand = self.store.candidate(ev["candidate_id"])
+            if ev["purpose"] == "search" and cand and cand["agent"] in self.agents:
+                self.bandit.reward(cand["agent"], ev["outcome"], ev["candidate_id"] in champs)
+                self.counts[ev["outcome"]] += 1
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> str:
+        cfg = self.config
+        if self.run_id is None:
+            self.run_id = self.store.create_run(cfg.model_dump())
+            elapsed = 0.0
+        else:
+            self.store.set_run_status(self.run_id, "running")
+            elapsed = self._elapsed_before()
+            self._replay_bandit()
+        states = self._load_state()
+        done = self._done_in_run()
+        deadline = time.monotonic() + cfg.time_s - elapsed if cfg.time_s else None
+        self.progress.start(self.run_id, cfg.budget, cfg.time_s, [p.name for p in self.problems])
+        in_flight: dict = {}
+        turn = idle_turns = 0
+        status = "finished"
+        try:
+            while True:
+                while (len(in_flight) < cfg.parallel and (cfg.budget is None or done + len(in_flight) < cfg.budget)
+                       and (deadline is None or time.monotonic() < deadline)):
+                    job = self._next_job(states, turn, cfg.budget and cfg.budget - done - len(in_flight))
+                    turn += 1
+                    if job is None:
+                        idle_turns += 1
+                        break
+                    idle_turns = 0
+                    st, prop, cid = job
+                    st.seen.add(cid)
+                    st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
+                    fut = self.executor.submit(st.problem, prop.source, st.cases)
+                    in_flight[fut] = (st, prop, cid)
+                if not in_flight and (idle_turns > MAX_IDLE_TURNS or all(s.exhausted for s in states.values())
+                                      or (cfg.budget is not None and done >= cfg.budget)
+                                      or (deadline is not None and time.monotonic() >= deadline)):
+                    break
+                if not in_flight:
+                    continue
+                finished, _ = wait(list(in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    st, prop, cid = in_flight.pop(fut)
+                    st.pending.pop(cid, None)
+                    self._complete(st, prop, cid, self._result(fut))
+                    done += 1
+                self.progress.update(done, self._champion_speedups(states), self.counts)
+            if cfg.remeasure_champions:
+                self._remeasure(states)
+        except KeyboardInterrupt:
+            status = "interrupted"
+            self.executor.shutdown(wait=False)
+            raise
+        finally:
+            self.progress.stop()
+            self.store.set_run_status(self.run_id, status)
+            if status == "finished":
+                self.executor.shutdown()
+            self.harness.close()
+        return self.run_id
+
+    def _elapsed_before(self) -> float:
+        run = self.store.run(self.run_id)
+        evs = self.store.evaluations(run_id=self.run_id)
+        if not evs:
+            return 0.0
+        start, last = run["created_at"], evs[-1]["created_at"]
+        return max(0.0, (last - start).total_seconds())
+
+    @staticmethod
+    def _result(fut) -> Verdict:
+        try:
+            return fut.result()
+        except Exception as exc:  # a harness bug must not end the run; record it as a crash
+            return Verdict(Outcome.CRASHED, f"harness error: {type(exc).__name__}: {exc}", "harness")
+
+    def _next_job(self, states: dict[str, ProblemState], turn: int, budget_left):
+        names = [p.name for p in self.problems]
+        for i in range(len(names)):
+            st = states[names[(turn + i) % len(names)]]
+            if st.exhausted:
+                continue
+            board = Board(st.problem, st.entries + list(st.pending.values()), st.champion, [],
+                          self.rng, budget_left)
+            for agent_name in self.bandit.order():
+                try:
+                    props = self.agents[agent_name].propose(board, PROPOSALS_PER_ASK)
+                except Exception:  # an agent's bug costs it its turn, not the run
+                    props = []
+                fresh = None
+                for prop in props:
+                    cid = content_hash(prop.source, "c")
+                    if cid in st.seen:
+                        self.duplicates += 1
+                    else:
+                        fresh = (st, prop, cid)
+                        break
+                if fresh:
+                    return fresh
+                if agent_name != "seed":
+                    self.bandit.idle(agent_name)
+            if self._space_exhausted(st):
+                st.exhausted = True
+        return None
+
+    @staticmethod
+    def _space_exhausted(st: ProblemState) -> bool:
+        size = st.problem.knob_space_size() if st.problem.knobs else 0
+        tried = {repr(sorted(e.knobs.items())) for e in st.entries if e.knobs}
+        return size == 0 or len(tried) >= size
+
+    def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict) -> None:
+        cand = candidate_record(st.problem, prop.source, prop.agent, prop.operator, knobs=prop.knobs,
+                                parents=prop.parents, generation=prop.generation, run_id=self.run_id)
+        assert cand["id"] == cid
+        eval_id = record(self.store, st.problem, cand, verdict, self.run_id, st.vversion)
+        entry = Entry(cid, prop.knobs, verdict.outcome.value, verdict.speedup, prop.agent,
+                      prop.generation, verdict.detail)
+        st.entries.append(entry)
+        self.counts[verdict.outcome.value] += 1
+        improved = (verdict.outcome == Outcome.FASTER
+                    and (st.champion is None or verdict.speedup > (st.champion.speedup or 0)))
+        if improved:
+            before = f"{st.champion.speedup:.2f}x" if st.champion else "none"
+            self.store.set_champion(st.problem, cid, eval_id, verdict.speedup, self.run_id,
+                                    f"{verdict.speedup:.2f}x > {before} by {prop.agent}/{prop.operator}")
+            st.champion = entry
+        if prop.agent in self.agents:
+            self.bandit.reward(prop.agent, verdict.outcome.value, improved)
+
+    def _remeasure(self, states: dict[str, ProblemState]) -> None:
+        """Champions are re-measured (and re-verified) before they are announced."""
+        for st in states.values():
+            champ = self.store.champion(st.problem)
+            if champ is None:
+                continue
+            cand = self.store.candidate(champ["candidate_id"])
+            verdict = self._result(self.executor.submit(st.problem, cand["source"], st.cases))
+            eval_id = record(self.store, st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
+            if verdict.outcome.correct:
+                self.store.set_champion(st.problem, cand["id"], eval_id, verdict.speedup, self.run_id,
+                                        f"re-measured: {verdict.speedup:.2f}x [{verdict.ci_low:.2f}, {verdict.ci_high:.2f}]")
+            else:
+                self.store.set_champion(st.problem, None, eval_id, None, self.run_id,
+                                        f"dethroned at re-measure: {verdict.outcome.value}: {verdict.detail[:200]}")
+
+    def _champion_speedups(self, states) -> dict[str, float | None]:
+        return {n: (s.champion.speedup if s.champion else None) for n, s in states.items()}
+

@@ -1,0 +1,49 @@
+"""Executors: where evaluations run. The coordinator only submits jobs and reads futures.
+
+``LocalExecutor`` runs ``parallel`` evaluations at once on this machine: builds and
+verifications side by side, measurements one at a time (the harness's measure lock). A Ray
+executor implements the same two methods, with one measurement slot per node as a Ray resource.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from swarmfactory.harness.evaluate import Harness
+from swarmfactory.harness.outcome import Verdict
+from swarmfactory.problems.spec import Case, Problem
+
+
+class Executor(ABC):
+    @abstractmethod
+    def submit(self, problem: Problem, source: str, cases: list[Case]) -> Future:
+        """Evaluate ``source``; the future's result is a ``Verdict`` (never an exception for
+        anything the candidate did)."""
+
+    @abstractmethod
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop; with ``wait=False`` kill what is running."""
+
+
+class LocalExecutor(Executor):
+    def __init__(self, harness: Harness, parallel: int = 2):
+        self.harness = harness
+        self.pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="sf-eval")
+
+    def _run(self, problem: Problem, source: str, cases: list[Case]) -> Verdict:
+        prep = self.harness.prepare(problem, source, cases)
+        if prep.rejected is not None:
+            return self.harness.rejected_verdict(prep)
+        return self.harness.measure(prep)
+
+    def submit(self, problem: Problem, source: str, cases: list[Case]) -> Future:
+        return self.pool.submit(self._run, problem, source, cases)
+
+    def shutdown(self, wait: bool = True) -> None:
+        if not wait:
+            from swarmfactory.harness.sandbox import kill_all
+
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            kill_all()
+        self.pool.shutdown(wait=wait)

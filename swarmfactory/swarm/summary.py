@@ -1,0 +1,87 @@
+"""What a run produced, read back from the store: the result table, the agent scoreboard.
+
+Everything here is derived from recorded evidence, so ``show`` and ``report`` work on any run,
+finished, interrupted or killed, on any machine that holds the store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from swarmfactory.evidence.store import Store
+from swarmfactory.problems import ProblemError, load_problem
+
+
+def summarize(store: Store, run_id: str | None = None) -> dict:
+    run = store.run(run_id)
+    if run is None:
+        from swarmfactory.evidence.store import StoreError
+
+        raise StoreError(f"no run {run_id!r} in {store.url}" if run_id else f"no runs in {store.url} yet")
+    run_id = run["id"]
+    evs = store.evaluations(run_id=run_id)
+    cands = {e["candidate_id"]: store.candidate(e["candidate_id"]) for e in evs}
+    problems = []
+    names = run["config"].get("problems", [])
+    if names == ["all"]:
+        from swarmfactory.problems import list_problems
+
+        names = list_problems()
+    for name in names:
+        try:
+            problem = load_problem(name)
+        except ProblemError:
+            continue
+        mine = [e for e in evs if e["problem"] == problem.name]
+        search = [e for e in mine if e["purpose"] == "search"]
+        outcomes = Counter(e["outcome"] for e in search)
+        history = [r for r in store.champion_history(problem.name) if r["problem_spec"] == problem.spec_hash()]
+        in_run = [r for r in history if r["run_id"] == run_id]
+        start = [r for r in history if r["run_id"] != run_id and (not in_run or r["id"] < in_run[0]["id"])]
+        final = in_run[-1] if in_run else (start[-1] if start else None)
+        champ = None
+        if final and final["candidate_id"]:
+            ev = store.evaluation(final["evaluation_id"]) if final["evaluation_id"] else None
+            cand = store.candidate(final["candidate_id"])
+            champ = {"candidate_id": cand["id"], "agent": cand["agent"], "operator": cand["operator"],
+                     "knobs": cand["knobs"], "generation": cand["generation"],
+                     "speedup": ev["speedup"] if ev else final["speedup"],
+                     "ci_low": ev and ev["ci_low"], "ci_high": ev and ev["ci_high"],
+                     "vs_reference": ev and ev["vs_reference"],
+                     "roofline_fraction": ev and ev["roofline_fraction"],
+                     "baseline": ev and ev["baseline"], "shapes": ev["shapes"] if ev else [],
+                     "evaluation_id": final["evaluation_id"], "reason": final["reason"]}
+        started = None
+        if start and start[-1]["candidate_id"]:
+            started = {"candidate_id": start[-1]["candidate_id"], "speedup": start[-1]["speedup"]}
+        best_curve, best = [], None
+        for i, e in enumerate(search, 1):
+            if e["outcome"] == "faster" and (best is None or e["speedup"] > best):
+                best = e["speedup"]
+            best_curve.append([i, best])
+        problems.append({
+            "problem": problem.name, "evaluations": len(search), "outcomes": dict(outcomes),
+            "rejected": {k: v for k, v in outcomes.items() if k not in ("faster", "not_faster")},
+            "champion": champ, "started_from": started, "best_curve": best_curve,
+            "seconds": round(sum(e["seconds"] for e in mine), 1)})
+    agents: dict[str, Counter] = defaultdict(Counter)
+    champ_agents = Counter()
+    for p in problems:
+        for r in store.champion_history(p["problem"]):
+            improved = r["candidate_id"] and not r["reason"].startswith("re-measured")
+            if r["run_id"] == run_id and improved:
+                champ_agents[store.candidate(r["candidate_id"])["agent"]] += 1
+    for e in evs:
+        if e["purpose"] != "search":
+            continue
+        c = cands.get(e["candidate_id"])
+        a = c["agent"] if c else "?"
+        agents[a]["proposals"] += 1
+        agents[a][e["outcome"]] += 1
+    board = [{"agent": a, **dict(c), "champions": champ_agents.get(a, 0),
+              "correct": c["faster"] + c["not_faster"]} for a, c in sorted(agents.items())]
+    return {"run_id": run_id, "status": run["status"], "config": run["config"],
+            "hardware_id": run["hardware_id"], "created_at": str(run["created_at"]),
+            "finished_at": str(run["finished_at"]) if run["finished_at"] else None,
+            "evaluations": sum(p["evaluations"] for p in problems), "problems": problems,
+            "agents": board}

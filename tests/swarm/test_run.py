@@ -1,0 +1,124 @@
+"""End-to-end runs of the swarm: real gcc, real worker processes, a real SQLite file."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarmfactory.config import RunConfig
+from swarmfactory.evidence.store import Store
+from swarmfactory.swarm.coordinator import Coordinator
+from swarmfactory.swarm.summary import summarize
+
+FAST = dict(rounds=3, compile_baselines=False, parallel=2, remeasure_champions=False)
+DATA = Path(__file__).parent / "data"
+
+
+def search_evals(store, run_id=None):
+    return [e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]
+
+
+def test_run_on_two_problems_finds_valid_champions_within_budget(tmp_path):
+    store = Store(str(tmp_path / "e.db"))
+    cfg = RunConfig.build(problems="rmsnorm,rope", budget=6, **{**FAST, "remeasure_champions": True})
+    run_id = Coordinator(cfg, store).run()
+    evs = search_evals(store, run_id)
+    assert len(evs) == 6
+    s = summarize(store, run_id)
+    assert s["status"] == "finished"
+    for p in s["problems"]:
+        assert p["evaluations"] == 3  # round robin shares the budget
+        champ = p["champion"]
+        assert champ is not None, p
+        assert champ["speedup"] > 1.0 and champ["shapes"]
+        # the champion's own recorded evaluations are all correct
+        assert all(e["outcome"] in ("faster", "not_faster")
+                   for e in store.evaluations(candidate_id=champ["candidate_id"]))
+    assert any(e["purpose"] == "remeasure" for e in store.evaluations(run_id=run_id))
+
+
+def test_candidates_measured_before_are_not_measured_again(tmp_path):
+    store = Store(str(tmp_path / "e.db"))
+    cfg = RunConfig.build(problems="rmsnorm", budget=4, **FAST)
+    first = Coordinator(cfg, store).run()
+    second = Coordinator(cfg, store).run()
+    ids_first = {e["candidate_id"] for e in search_evals(store, first)}
+    ids_second = [e["candidate_id"] for e in search_evals(store, second)]
+    assert len(ids_second) == 4 and len(set(ids_second)) == 4
+    assert not ids_first & set(ids_second)
+    # the second run started from the first run's champion
+    assert summarize(store, second)["problems"][0]["started_from"] is not None
+
+
+def test_a_template_that_only_breaks_leaves_the_run_healthy(tmp_path):
+    store = Store(str(tmp_path / "e.db"))
+    # 12 knob combinations render 6 distinct sources (the failing modes ignore `value`)
+    cfg = RunConfig.build(problems=str(DATA / "broken_problem.py"), budget=10, agents="seed,random-restart", **FAST)
+    run_id = Coordinator(cfg, store).run()
+    evs = search_evals(store, run_id)
+    assert len(evs) == 6
+    outcomes = {e["outcome"] for e in evs}
+    assert outcomes <= {"build_failed", "crashed", "wrong"} and len(outcomes) >= 2
+    assert all(e["detail"] for e in evs)
+    s = summarize(store, run_id)
+    assert s["status"] == "finished" and s["problems"][0]["champion"] is None
+
+
+def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path):
+    db = tmp_path / "e.db"
+    cmd = [sys.executable, "-m", "swarmfactory.cli", "run", "--problems", "rmsnorm", "--budget", "8",
+           "--store", str(db), "--rounds", "3", "--no-compile-baselines", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if db.exists():
+            store = store or Store(str(db))
+            if len(search_evals(store)) >= 3:
+                break
+        assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_id = store.run()["id"]
+    before = {e["id"]: e["candidate_id"] for e in search_evals(store, run_id)}
+    assert 3 <= len(before) < 8
+    assert store.run(run_id)["status"] == "running"  # it never got to say otherwise
+    resumed = subprocess.run([sys.executable, "-m", "swarmfactory.cli", "run", "--resume", run_id,
+                              "--store", str(db), "--json"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    after = search_evals(store, run_id)
+    assert {e["id"]: e["candidate_id"] for e in after if e["id"] in before} == before
+    assert len(after) == 8
+    assert len({e["candidate_id"] for e in after}) == 8
+    assert store.run(run_id)["status"] == "finished"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--problems", "nope", "--budget", "2"], "unknown problem"),
+    (["run", "--problems", "rmsnorm"], "give a budget"),
+    (["run", "--problems", "rmsnorm", "--time", "ten minutes"], "bad duration"),
+    (["run", "--problems", "rmsnorm", "--budget", "2", "--agents", "wizard"], "unknown agent"),
+    (["run", "--problems", "rmsnorm", "--budget", "0"], "budget"),
+    (["run", "--resume", "deadbeef"], "no run"),
+    (["show", "deadbeef"], "no run"),
+])
+def test_bad_cli_input_gives_a_one_line_error(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "swarmfactory.cli", *args, "--store", str(tmp_path / "e.db")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_bad_config_file_gives_a_one_line_error(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("problems: rmsnorm\nbudget: 2\nbudgte: 3\n")
+    proc = subprocess.run([sys.executable, "-m", "swarmfactory.cli", "run", "--config", str(cfg),
+                           "--store", str(tmp_path / "e.db")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown config key 'budgte'" in proc.stderr.strip()
