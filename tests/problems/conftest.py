@@ -1,0 +1,130 @@
+"""Compile rendered kernels with real gcc and call them through ctypes, for the problem tests.
+
+The harness proper (swarmfactory/harness) does this in a sandboxed worker; these helpers are the
+smallest honest version: build, call on poisoned outputs, compare with the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import subprocess
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swarmfactory.problems import Case, Problem
+from swarmfactory.problems.spec import NP_DTYPES, to_torch
+
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+
+
+class Compiler:
+    """gcc with a per-session cache keyed by the source text; ``build_many`` uses two jobs."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.loaded: dict[str, ctypes.CDLL] = {}
+
+    def _so_path(self, source: str) -> Path:
+        return self.workdir / f"k{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
+
+    def _compile(self, source: str) -> Path:
+        so = self._so_path(source)
+        if not so.exists():
+            src = so.with_suffix(".c")
+            src.write_text(source)
+            res = subprocess.run(["gcc", *CFLAGS, str(src), "-o", str(so), "-lm"],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                raise AssertionError(f"gcc failed on {src}:\n{res.stderr}")
+        return so
+
+    def build_many(self, sources: Sequence[str]) -> None:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(self._compile, sources))
+
+    def load(self, problem: Problem, source: str):
+        so = self._compile(source)
+        lib = self.loaded.setdefault(str(so), ctypes.CDLL(str(so)))
+        return getattr(lib, problem.name)
+
+
+def call_kernel(problem: Problem, fn, inputs: Mapping, shape: Mapping) -> dict[str, np.ndarray]:
+    """Call ``fn`` with the problem's ABI; outputs start as NaN so skipped work shows."""
+    out_shapes = problem.output_shapes(shape)
+    outs = {a.name: np.full(out_shapes[a.name], np.nan, dtype=NP_DTYPES[a.dtype])
+            for a in problem.outputs}
+    c_args = []
+    for a in problem.args:
+        if a.kind == "in":
+            arr = np.ascontiguousarray(inputs[a.name], dtype=NP_DTYPES[a.dtype])
+            inputs = {**inputs, a.name: arr}
+            c_args.append(arr.ctypes.data_as(ctypes.c_void_p))
+        elif a.kind == "out":
+            c_args.append(outs[a.name].ctypes.data_as(ctypes.c_void_p))
+        elif a.kind == "int":
+            c_args.append(ctypes.c_int64(int(inputs[a.name])))
+        else:
+            c_args.append(ctypes.c_float(float(inputs[a.name])))
+    fn.restype = None
+    fn(*c_args)
+    return outs
+
+
+def compare(problem: Problem, got: Mapping, ref: Mapping, label: str) -> None:
+    tol = problem.tolerance
+    for name, r in ref.items():
+        g = torch.as_tensor(np.asarray(got[name])).double()
+        r = torch.as_tensor(r).double()
+        assert g.shape == r.shape, f"{label}: {name} has shape {tuple(g.shape)}, want {tuple(r.shape)}"
+        err = (g - r).abs()
+        bad = ~(err <= tol.atol + tol.rtol * r.abs())
+        bad &= ~((g == r) & torch.isinf(r))  # an infinite reference matched exactly
+        if bad.any():
+            i = int(bad.flatten().nonzero()[0])
+            raise AssertionError(
+                f"{label}: {name} wrong at {int(bad.sum())} of {r.numel()} elements; first at flat "
+                f"index {i}: got {g.flatten()[i].item()!r}, want {r.flatten()[i].item()!r} "
+                f"(rtol={tol.rtol}, atol={tol.atol})")
+
+
+class CaseData:
+    """Inputs and reference outputs per case, computed once per session."""
+
+    def __init__(self):
+        self._cache: dict[tuple[str, str], tuple[dict, dict]] = {}
+
+    def get(self, problem: Problem, case: Case) -> tuple[dict, dict]:
+        key = (problem.name, case.key())
+        if key not in self._cache:
+            inputs = problem.make_inputs(case.shape, np.random.default_rng(case.seed), case.dist)
+            ref = problem.reference(to_torch(inputs))
+            self._cache[key] = (inputs, ref)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def compiler(tmp_path_factory) -> Compiler:
+    return Compiler(tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture(scope="session")
+def case_data() -> CaseData:
+    return CaseData()
+
+
+@pytest.fixture(scope="session")
+def kernel_call():
+    """``kernel_call(problem, fn, inputs, shape) -> outputs``: see ``call_kernel``."""
+    return call_kernel
+
+
+@pytest.fixture(scope="session")
+def assert_close():
+    """``assert_close(problem, got, ref, label)``: outputs within the problem's tolerance."""
+    return compare

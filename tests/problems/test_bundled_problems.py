@@ -1,0 +1,138 @@
+"""Every bundled problem: its default kernel, a sample of its design space and its baselines
+agree with its reference, compiled with real gcc and called through ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import random
+
+import numpy as np
+import pytest
+
+from swarmfactory.problems import list_problems, load_problem
+from swarmfactory.problems.spec import to_torch
+from swarmfactory.problems.suites.cpu import NAMES
+
+ASPECTS = {"vectorisation", "unrolling", "blocking", "threading", "algorithm"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def three_omp_threads():
+    """An odd thread count for the kernels' OpenMP runtime, whatever the machine, so row splits,
+    sequence splits and uneven chunks run even on one core."""
+    lib = ctypes.util.find_library("gomp")
+    if lib is None:
+        yield
+        return
+    gomp = ctypes.CDLL(lib)
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(3)
+    yield
+    gomp.omp_set_num_threads(before)
+
+
+def knob_sample(problem, n_random: int = 5) -> list[dict]:
+    """Each knob's every value with the others at default, then seeded random valid combos."""
+    out: list[dict] = []
+    for knob, values in problem.knobs.items():
+        for v in values:
+            combo = {**problem.knob_defaults, knob: v}
+            if v != problem.knob_defaults[knob] and problem.valid_knobs(combo):
+                out.append(combo)
+    rng = random.Random(f"knobs-{problem.name}")
+    tries = 0
+    while n_random and tries < 1000:
+        tries += 1
+        combo = {k: rng.choice(list(v)) for k, v in problem.knobs.items()}
+        if problem.valid_knobs(combo) and combo not in out and combo != dict(problem.knob_defaults):
+            out.append(combo)
+            n_random -= 1
+    return out
+
+
+def tail_cases(problem):
+    """Every edge shape under the first distribution, and every distribution on the last two
+    (longest, most tail-heavy) edge shapes."""
+    cases = problem.seed_cases()
+    first = {}
+    for c in cases:
+        if c.origin == "seed" and c.dist == problem.dists[0]:
+            first.setdefault(problem.shape_label(c.shape), c)
+    tails = [dict(s) for s in problem.edge_shapes[-2:]]
+    extra = [c for c in cases if c.origin == "seed" and dict(c.shape) in tails
+             and c.dist != problem.dists[0]]
+    return list(first.values()) + extra
+
+
+def test_every_bundled_problem_is_listed():
+    assert set(NAMES) <= set(list_problems())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_problem_is_well_formed(name):
+    p = load_problem(name)
+    assert p.template is not None and p.roofline is not None
+    assert set(p.knob_aspects) == set(p.knobs) and set(p.knob_aspects.values()) <= ASPECTS
+    assert all(len(v) >= 2 for v in p.knobs.values()), "every knob needs a choice"
+    assert p.valid_knobs(p.knob_defaults)
+    assert p.tolerance.reason and p.tolerance.rtol <= 1e-4
+    assert f"{p.name}(" in p.c_signature and p.render().count(p.c_signature) == 1
+    for shape in p.workload:
+        r = p.roofline(shape)
+        assert r.bytes > 0 and r.flops > 0
+    assert len(p.edge_shapes) >= 5 and p.dists[0] == "normal"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_kernel_matches_reference_on_every_seed_case(name, compiler, case_data, kernel_call,
+                                                             assert_close):
+    p = load_problem(name)
+    fn = compiler.load(p, p.render())
+    for case in p.seed_cases():
+        inputs, ref = case_data.get(p, case)
+        before = {k: np.copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray)}
+        got = kernel_call(p, fn, inputs, case.shape)
+        assert_close(p, got, ref, f"{name} default {p.shape_label(case.shape)} {case.dist} seed={case.seed}")
+        for k, v in before.items():
+            assert np.array_equal(v, inputs[k], equal_nan=True), f"{name} wrote its input {k}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sampled_knob_combinations_match_reference_on_tail_cases(name, compiler, case_data,
+                                                                 kernel_call, assert_close):
+    p = load_problem(name)
+    combos = knob_sample(p)
+    sources = [p.render(c) for c in combos]
+    compiler.build_many(sources)
+    cases = tail_cases(p)
+    for combo, src in zip(combos, sources):
+        fn = compiler.load(p, src)
+        for case in cases:
+            inputs, ref = case_data.get(p, case)
+            got = kernel_call(p, fn, inputs, case.shape)
+            assert_close(p, got, ref, f"{name} {combo} {p.shape_label(case.shape)} {case.dist}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_baselines_match_reference_on_workload(name, assert_close):
+    p = load_problem(name)
+    assert p.baselines
+    for i, shape in enumerate(p.workload):
+        inputs = p.make_inputs(shape, np.random.default_rng(100 + i), "normal")
+        ref = p.reference(to_torch(inputs))
+        for bname, setup in p.baselines.items():
+            out = setup(to_torch(inputs))()
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            got = {a.name: o.detach().numpy() for a, o in zip(p.outputs, outs)}
+            assert_close(p, got, ref, f"{name} baseline {bname} {p.shape_label(shape)}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_seed_case_has_inputs_the_reference_accepts(name, case_data):
+    p = load_problem(name)
+    for case in p.seed_cases():
+        _, ref = case_data.get(p, case)
+        for k, r in ref.items():
+            assert tuple(r.shape) == p.output_shapes(case.shape)[k]
+            assert not r.isnan().any(), f"{name}: reference NaN on {case.key()}"
