@@ -187,6 +187,66 @@ def report_cmd(
     out.print(f"wrote {path}")
 
 
+@app.command("cases")
+def cases_cmd(
+    problem: str = typer.Argument(..., help="problem name or path"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """The validation set of a problem: seed cases and found cases, with provenance."""
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.problems import load_problem
+    from swarmfactory.validation import validation_set
+
+    prob = load_problem(problem)
+    st = Store(store)
+    cases, version = validation_set(prob, st)
+    found = {r["case_key"]: r for r in st.found_cases(prob.name)}
+    rows = [{"shape": dict(c.shape), "seed": c.seed, "dist": c.dist, "origin": c.origin,
+             "broke": found.get(c.key(), {}).get("broke_candidate"),
+             "note": found.get(c.key(), {}).get("note"),
+             "found_at": str(found[c.key()]["created_at"]) if c.key() in found else None} for c in cases]
+    if as_json:
+        print(json.dumps({"problem": prob.name, "validation_version": version, "cases": rows}))
+        return
+    t = Table(title=f"{prob.name}: validation set {version} ({len(rows)} cases, {len(found)} found)")
+    for col in ("shape", "seed", "dist", "origin", "broke candidate", "found at"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(prob.shape_label(r["shape"]), str(r["seed"]), r["dist"], r["origin"], r["broke"] or "",
+                  r["found_at"] or "")
+    out.print(t)
+
+
+@app.command("verify")
+def verify_cmd(
+    problem: str = typer.Option(..., "--problem", "-p", help="problem name or path"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Re-verify every retained (once correct) candidate against today's validation set."""
+    from swarmfactory.api import reverify_retained
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.problems import load_problem
+
+    prob = load_problem(problem)
+    with err.status(f"re-verifying retained {prob.name} candidates..."):
+        res = reverify_retained(prob, Store(store))
+    if as_json:
+        print(json.dumps(res, default=str))
+        return
+    t = Table(title=f"{prob.name}: {len(res['candidates'])} retained candidates against validation set "
+                    f"{res['validation_version']}")
+    for col in ("candidate", "agent", "best speedup", "now", "detail"):
+        t.add_column(col, overflow="fold")
+    for r in res["candidates"]:
+        t.add_row(r["candidate_id"], r["agent"], _fmt(r["speedup"]),
+                  "[green]passes[/]" if r["passes"] else f"[red]{r['outcome']}[/]", r["detail"] or "")
+    out.print(t)
+    if res["champion_change"]:
+        out.print(res["champion_change"], markup=False)
+
+
 def _mount_optional() -> None:
     try:
         from swarmfactory.engine.cli import app as engine_app

@@ -32,7 +32,7 @@ def _make(name: str) -> Agent:
     eps = {ep.name: ep for ep in entry_points(group="swarmfactory.agents")}
     if name in eps:
         return eps[name].load()()
-    known = sorted(set(AGENT_SETS) | set(AGENT_SETS["default"]) | set(eps))
+    known = sorted(set(AGENT_SETS) | set(AGENT_SETS["default"]) | set(eps) | {"adversary"})
     raise ValueError(f"unknown agent {name!r}; known: {', '.join(known)}")
 
 
@@ -41,7 +41,7 @@ def make_agents(spec: str | list[str]) -> list[Agent]:
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     out, seen = [], set()
     for raw in (n.strip() for n in names):
-        if not raw:
+        if not raw or raw == "adversary":  # proposes cases, not kernels: the coordinator runs it
             continue
         for name in AGENT_SETS.get(raw, [raw]):
             if name not in seen:

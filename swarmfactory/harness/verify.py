@@ -94,30 +94,38 @@ def order_cases(cases: list[Case]) -> list[Case]:
 
 
 def verify(worker, problem: Problem, cases: list[Case], timeout: float) -> int:
-    """Run every case in ``worker``; raise Rejected on the first failure. Returns cases checked."""
+    """Run every case in ``worker``; raise Rejected on the first failure (its evidence names the
+    case). Returns the number of cases checked."""
     seen_slots: set[str] = set()
-    for n, case in enumerate(order_cases(cases), 1):
-        inputs, expected = CASES.get(problem, case)
-        slot = slot_key(case.shape)
-        where = describe(problem, case)
-        worker.request({"op": "set", "slot": slot, "inputs": inputs,
-                        "out_shapes": problem.output_shapes(case.shape)}, timeout, "verify")
-        reply = worker.request({"op": "call", "slot": slot}, timeout, f"verify ({where})")
-        sent = digest(inputs)
-        for name, h in reply["inputs"].items():
-            if sent.get(name) != h:
-                raise Rejected(Outcome.CHEATED, f"the kernel modified its input `{name}` on {where} "
-                               "(inputs are read-only)", "verify", case=case.key())
-        failure = compare(problem, expected, reply["outputs"], where)
-        if failure:
-            raise Rejected(Outcome.WRONG, failure, "verify", case=case.key())
-        if slot not in seen_slots:  # determinism, with a different poison value
-            seen_slots.add(slot)
-            again = worker.request({"op": "call", "slot": slot, "poison": 1e30}, timeout,
-                                   f"verify ({where})")
-            for name, first in reply["outputs"].items():
-                if not np.array_equal(first, again["outputs"][name], equal_nan=True):
-                    raise Rejected(Outcome.WRONG, f"nondeterministic: two calls on identical inputs "
-                                   f"gave different `{name}` on {where} (uninitialised or racy reads)",
-                                   "verify", case=case.key())
+    for case in order_cases(cases):
+        try:
+            _verify_case(worker, problem, case, timeout, seen_slots)
+        except Rejected as rej:
+            rej.stage = "verify"
+            rej.evidence.setdefault("case", case.key())
+            raise
     return len(cases)
+
+
+def _verify_case(worker, problem: Problem, case: Case, timeout: float, seen_slots: set[str]) -> None:
+    inputs, expected = CASES.get(problem, case)
+    slot = slot_key(case.shape)
+    where = describe(problem, case)
+    worker.request({"op": "set", "slot": slot, "inputs": inputs,
+                    "out_shapes": problem.output_shapes(case.shape)}, timeout, "verify")
+    reply = worker.request({"op": "call", "slot": slot}, timeout, f"verify ({where})")
+    sent = digest(inputs)
+    for name, h in reply["inputs"].items():
+        if sent.get(name) != h:
+            raise Rejected(Outcome.CHEATED, f"the kernel modified its input `{name}` on {where} "
+                           "(inputs are read-only)", "verify")
+    failure = compare(problem, expected, reply["outputs"], where)
+    if failure:
+        raise Rejected(Outcome.WRONG, failure, "verify")
+    if slot not in seen_slots:  # determinism, with a different poison value
+        seen_slots.add(slot)
+        again = worker.request({"op": "call", "slot": slot, "poison": 1e30}, timeout, f"verify ({where})")
+        for name, first in reply["outputs"].items():
+            if not np.array_equal(first, again["outputs"][name], equal_nan=True):
+                raise Rejected(Outcome.WRONG, f"nondeterministic: two calls on identical inputs "
+                               f"gave different `{name}` on {where} (uninitialised or racy reads)", "verify")

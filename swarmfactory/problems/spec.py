@@ -103,6 +103,8 @@ class Problem:
     # The plain fp32 PyTorch composition a user would write by hand (setup -> fn, like a
     # baseline); timed for the "vs eager reference" column. None: time ``reference`` itself.
     eager: Callable[[dict[str, Any]], Callable[[], Any]] | None = None
+    # Shapes the ABI admits beyond "every dim >= 1" (e.g. k % 32 == 0); new cases must satisfy it.
+    shape_constraint: Callable[[Shape], bool] | None = None
     source_path: str = ""
 
     @property
@@ -154,6 +156,11 @@ class Problem:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True,
                                  lstrip_blocks=True, keep_trailing_newline=True)
         return env.from_string(self.template).render(**values, signature=self.c_signature)
+
+    def valid_shape(self, shape: Shape) -> bool:
+        if set(shape) != set(self.workload[0]) or any(int(v) < 1 for v in shape.values()):
+            return False
+        return self.shape_constraint is None or bool(self.shape_constraint(shape))
 
     def knob_space_size(self) -> int:
         n = 1

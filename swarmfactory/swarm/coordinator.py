@@ -9,6 +9,7 @@ run with the budget it had left. At the end each champion is re-measured before 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -17,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 from swarmfactory.agents import make_agents
+from swarmfactory.agents.adversary import AdversaryAgent
 from swarmfactory.agents.base import Board, Entry, Proposal
 from swarmfactory.api import candidate_record, record
 from swarmfactory.config import RunConfig
@@ -29,6 +31,8 @@ from swarmfactory.swarm.executors import Executor, LocalExecutor
 from swarmfactory.validation import validation_set
 
 
+ADVERSARY_EVERY = 8      # evaluations of a problem between adversary turns (and after a new champion)
+ADVERSARY_TARGETS = 3    # retained candidates the adversary aims at: the champion and the next best
 MAX_IDLE_TURNS = 50      # consecutive turns in which no agent had anything new: the run is done
 PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
 
@@ -47,6 +51,7 @@ class ProblemState:
     champion: Entry | None = None
     exhausted: bool = False
     pending: dict[str, Entry] = field(default_factory=dict)  # in flight, by candidate id
+    since_adversary: int = 0
 
 
 class NullProgress:
@@ -72,6 +77,7 @@ class Coordinator:
         self.config = config
         self.problems = resolve_problems(",".join(config.problems))
         self.agents = {a.name: a for a in make_agents(config.agents)}
+        self.adversary = AdversaryAgent() if "adversary" in config.agents else None
         self.rng = random.Random(f"{config.seed}:{resume or ''}")
         self.bandit = Bandit(list(self.agents), self.rng)
         measure, verify = self._cpu_split(config.parallel)
@@ -170,7 +176,8 @@ class Coordinator:
                 for fut in finished:
                     st, prop, cid = in_flight.pop(fut)
                     st.pending.pop(cid, None)
-                    self._complete(st, prop, cid, self._result(fut))
+                    if self._complete(st, prop, cid, self._result(fut)) or st.since_adversary >= ADVERSARY_EVERY:
+                        self._adversary_turn(st)
                     done += 1
                 self.progress.update(done, self._champion_speedups(states), self.counts)
             if cfg.remeasure_champions:
@@ -237,7 +244,8 @@ class Coordinator:
         tried = {repr(sorted(e.knobs.items())) for e in st.entries if e.knobs}
         return size == 0 or len(tried) >= size
 
-    def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict) -> None:
+    def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict) -> bool:
+        """Record a verdict; returns True when it made a new champion."""
         cand = candidate_record(st.problem, prop.source, prop.agent, prop.operator, knobs=prop.knobs,
                                 parents=prop.parents, generation=prop.generation, run_id=self.run_id)
         assert cand["id"] == cid
@@ -245,6 +253,7 @@ class Coordinator:
         entry = Entry(cid, prop.knobs, verdict.outcome.value, verdict.speedup, prop.agent,
                       prop.generation, verdict.detail)
         st.entries.append(entry)
+        st.since_adversary += 1
         self.counts[verdict.outcome.value] += 1
         improved = (verdict.outcome == Outcome.FASTER
                     and (st.champion is None or verdict.speedup > (st.champion.speedup or 0)))
@@ -255,6 +264,65 @@ class Coordinator:
             st.champion = entry
         if prop.agent in self.agents:
             self.bandit.reward(prop.agent, verdict.outcome.value, improved)
+        return improved
+
+    # -- the adversary and re-verification --------------------------------------------------------
+    def _adversary_turn(self, st: ProblemState) -> None:
+        st.since_adversary = 0
+        if self.adversary is None:
+            return
+        retained = [e for e in sorted((e for e in st.entries if e.correct and e.speedup),
+                                      key=lambda e: e.speedup, reverse=True)]
+        ids = list(dict.fromkeys(([st.champion.candidate_id] if st.champion else [])
+                                 + [e.candidate_id for e in retained]))[:ADVERSARY_TARGETS]
+        targets = [c for c in (self.store.candidate(i) for i in ids) if c]
+        if not targets:
+            return
+        known = {c.key() for c in st.cases}
+        findings = self.adversary.hunt(self.harness, st.problem, targets, self._failures(st), self.rng, known)
+        added = [f for f in findings if self.store.add_case(st.problem.name, f.case, self.adversary.name,
+                                                            f.broke, f.detail[:500])]
+        self.counts["cases_found"] += len(added)
+        if added:
+            self.reverify(st)
+
+    def _failures(self, st: ProblemState) -> list[dict]:
+        """Shapes and distributions of cases that broke kernels of this problem before."""
+        out = []
+        for ev in self.store.evaluations(problem=st.problem.name):
+            key = (ev["evidence"] or {}).get("case")
+            if ev["outcome"] == "wrong" and key:
+                out.append(json.loads(key))
+        return out[-50:]
+
+    def reverify(self, st: ProblemState) -> None:
+        """The validation set grew: re-verify the champion; a failing one is dethroned and the next
+        correct candidate that passes today's cases takes its place."""
+        st.cases, st.vversion = validation_set(st.problem, self.store)
+        champ = self.store.champion(st.problem)
+        if champ is None:
+            return
+        ranked = sorted((e for e in st.entries if e.correct and e.speedup), key=lambda e: e.speedup, reverse=True)
+        order = [champ["candidate_id"]] + [e.candidate_id for e in ranked if e.candidate_id != champ["candidate_id"]]
+        for rank, cid in enumerate(dict.fromkeys(order)):
+            cand = self.store.candidate(cid)
+            prep = self.harness.prepare(st.problem, cand["source"], st.cases)
+            if prep.rejected is None:
+                if rank:
+                    best = max(e.speedup for e in ranked if e.candidate_id == cid)
+                    self.store.set_champion(st.problem, cid, None, best, self.run_id,
+                                            f"replaces dethroned {champ['candidate_id']}: passes validation set {st.vversion}")
+                    st.champion = next(e for e in ranked if e.candidate_id == cid)
+                return
+            verdict = self.harness.rejected_verdict(prep)
+            record(self.store, st.problem, cand, verdict, self.run_id, st.vversion, "reverify")
+            for e in st.entries:
+                if e.candidate_id == cid:
+                    e.outcome = verdict.outcome.value
+            if rank == 0:
+                self.store.set_champion(st.problem, None, None, None, self.run_id,
+                                        f"dethroned {cid}: {verdict.outcome.value} on validation set {st.vversion}")
+                st.champion = None
 
     def _remeasure(self, states: dict[str, ProblemState]) -> None:
         """Champions are re-measured (and re-verified) before they are announced."""

@@ -1,0 +1,130 @@
+"""The adversary: an agent whose job is to break the retained candidates.
+
+It proposes validation *cases*, not kernels: edge shapes (1, primes, non-multiples of the vector
+width and tile, very long rows, each dimension alone at its extreme) and value distributions
+(huge/tiny magnitudes, constant rows, alternating signs, special values where the problem
+defines them), weighted towards what broke kernels of this problem before (the shapes and
+distributions of recorded ``wrong`` verdicts). A case is kept only if the reference is well
+defined on it and it makes a retained candidate disagree with the reference: then it becomes a
+permanent case with provenance, and the validation set's version changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from swarmfactory.problems.spec import Case, Problem, to_torch
+
+SMALL = (1, 2, 3, 5, 6, 10, 13, 18, 34)
+TAILS = (31, 63, 66, 127, 130, 257, 509, 514, 1021, 1030)
+LONG = (2053, 4099, 8191, 10007, 16411)
+EXTRA_DISTS = ("large", "tiny", "constant", "alternating", "uniform")
+MAX_ELEMENTS = 4 << 20
+
+
+@dataclass
+class Finding:
+    case: Case
+    broke: str
+    detail: str
+
+
+def well_defined(problem: Problem, case: Case) -> bool:
+    """The reference must give finite outputs wherever the inputs are finite (and run at all)."""
+    try:
+        inputs = problem.make_inputs(case.shape, np.random.default_rng(case.seed), case.dist)
+        if not problem.valid_shape(case.shape):
+            return False
+        n = sum(v.size for v in inputs.values() if isinstance(v, np.ndarray))
+        if n > MAX_ELEMENTS:
+            return False
+        out = problem.reference(to_torch(inputs))
+    except Exception:
+        return False
+    inputs_finite = all(np.isfinite(v).all() for v in inputs.values()
+                        if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+    outs_finite = all(np.isfinite(v.detach().numpy()).all() for v in out.values())
+    return outs_finite or not inputs_finite
+
+
+class AdversaryAgent:
+    """Proposes cases; ``hunt`` tests them against retained candidates through the harness."""
+
+    name = "adversary"
+
+    def __init__(self, cases_per_turn: int = 24):
+        self.cases_per_turn = cases_per_turn
+
+    # -- generation -------------------------------------------------------------------------
+    def _dim_values(self, problem: Problem, dim: str) -> list[int]:
+        seen = [s[dim] for s in (*problem.workload, *problem.edge_shapes)]
+        near = {v + d for v in seen for d in (-2, -1, 1, 2) if v + d >= 1}
+        return sorted(set(SMALL) | set(TAILS) | set(LONG) | near | set(seen))
+
+    def propose_cases(self, problem: Problem, failures: list[dict], rng: random.Random,
+                      known: set[str]) -> list[Case]:
+        dims = list(problem.workload[0])
+        dists = list(dict.fromkeys([*problem.dists, *EXTRA_DISTS]))
+        fail_dists = [f["dist"] for f in failures if f.get("dist") in dists]
+        fail_shapes = [f["shape"] for f in failures if set(f.get("shape", {})) == set(dims)]
+        base = rng.choice(problem.workload)
+        out: list[Case] = []
+        attempts = 0
+        while len(out) < self.cases_per_turn and attempts < self.cases_per_turn * 20:
+            attempts += 1
+            r = rng.random()
+            shape = dict(rng.choice(fail_shapes) if fail_shapes and r < 0.25 else base)
+            family = rng.choice(("one-extreme", "tails", "random", "ones"))
+            if family == "one-extreme":  # one dim at 1 or very long, the rest at workload size
+                d = rng.choice(dims)
+                shape[d] = rng.choice((1, *LONG[:3]))
+            elif family == "tails":  # non-multiples of vector width / tile in the innermost dims
+                for d in dims[-2:]:
+                    shape[d] = rng.choice(TAILS + SMALL)
+            elif family == "ones":
+                for d in dims[:-1]:
+                    shape[d] = 1
+                shape[dims[-1]] = rng.choice(LONG + TAILS)
+            else:
+                for d in dims:
+                    shape[d] = rng.choice(self._dim_values(problem, d))
+            dist = rng.choice(fail_dists) if fail_dists and rng.random() < 0.3 else rng.choice(dists)
+            case = Case(shape, seed=rng.randrange(1 << 30), dist=dist, origin=self.name)
+            if case.key() in known or math.prod(shape.values()) > MAX_ELEMENTS:
+                continue
+            if not well_defined(problem, case):
+                continue
+            known.add(case.key())
+            out.append(case)
+        return out
+
+    # -- hunting ------------------------------------------------------------------------------
+    def hunt(self, harness, problem: Problem, targets: list[dict], failures: list[dict],
+             rng: random.Random, known: set[str]) -> list[Finding]:
+        """Run new cases against each target candidate (dicts with ``id`` and ``source``)."""
+        cases = self.propose_cases(problem, failures, rng, known)
+        findings: list[Finding] = []
+        for cand in targets:
+            remaining = list(cases)
+            while remaining:
+                prep = harness.prepare(problem, cand["source"], remaining)
+                rej = prep.rejected
+                if rej is None or rej.stage != "verify" or "case" not in rej.evidence:
+                    break
+                key = rej.evidence["case"]
+                broke = next(c for c in remaining if c.key() == key)
+                findings.append(Finding(broke, cand["id"], f"{rej.outcome.value}: {rej.detail}"))
+                remaining = [c for c in remaining if c.key() != key]
+                if len(findings) >= 8:
+                    return findings
+        return findings
+
+
+def case_from_key(key: str, origin: str = "seed") -> Case:
+    d = json.loads(key)
+    return Case(d["shape"], d["seed"], d["dist"], origin)
