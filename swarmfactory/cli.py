@@ -120,6 +120,12 @@ def run_cmd(
     compile_baselines: Optional[bool] = typer.Option(None, "--compile-baselines/--no-compile-baselines",
                                                      help="also time torch.compile'd baselines (default on)"),
     seed: Optional[int] = typer.Option(None, "--seed"),
+    llm: list[str] = typer.Option([], "--llm", help="LLM endpoint: local | openai:MODEL | http://HOST:PORT/v1 (repeatable: an ensemble)"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="model name for a URL endpoint"),
+    llm_cost_cap: Optional[float] = typer.Option(None, "--llm-cost-cap", help="USD per paid endpoint per run (default 5)"),
+    llm_concurrency: Optional[int] = typer.Option(None, "--llm-concurrency", help="requests in flight per endpoint"),
+    llm_timeout: Optional[float] = typer.Option(None, "--llm-timeout", help="seconds per request"),
+    llm_max_tokens: Optional[int] = typer.Option(None, "--llm-max-tokens", help="completion tokens per request"),
     as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
 ):
     """Run the swarm on a set of problems until the budget (evaluations or time) is spent."""
@@ -127,12 +133,15 @@ def run_cmd(
     from swarmfactory.evidence.store import Store
     from swarmfactory.swarm.coordinator import Coordinator, RunError
     from swarmfactory.swarm.summary import summarize
-    from swarmfactory.ui import RichProgress, agent_table, result_table
+    from swarmfactory.ui import RichProgress
 
     try:
         overrides = {"problems": problems, "budget": budget, "time_s": parse_duration(time_budget),
                      "agents": agents, "parallel": parallel, "rounds": rounds,
-                     "compile_baselines": compile_baselines, "seed": seed}
+                     "compile_baselines": compile_baselines, "seed": seed, "llm": llm or None,
+                     "llm_model": llm_model, "llm_cost_cap": llm_cost_cap,
+                     "llm_concurrency": llm_concurrency, "llm_timeout_s": llm_timeout,
+                     "llm_max_tokens": llm_max_tokens}
         if config:
             cfg = RunConfig.from_yaml(config, **overrides)
         else:
@@ -148,8 +157,7 @@ def run_cmd(
     if as_json:
         print(json.dumps(summary, default=str))
         return
-    out.print(result_table(summary))
-    out.print(agent_table(summary))
+    _print_summary(summary)
     out.print(f"store: {st.url}   show again: swarmfactory show {run_id}"
               + (f" --store {store}" if store else ""), markup=False)
 
@@ -163,14 +171,21 @@ def show_cmd(
     """Champions, speedups with CI, outcome counts and the agent scoreboard of a run."""
     from swarmfactory.evidence.store import Store
     from swarmfactory.swarm.summary import summarize
-    from swarmfactory.ui import agent_table, result_table
 
     summary = summarize(Store(store), run_id)
     if as_json:
         print(json.dumps(summary, default=str))
         return
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict) -> None:
+    from swarmfactory.ui import agent_table, llm_table, result_table
+
     out.print(result_table(summary))
     out.print(agent_table(summary))
+    if llm_table(summary):
+        out.print(llm_table(summary))
 
 
 @app.command("report")

@@ -44,8 +44,14 @@ class RunConfig(BaseModel):
     compile_baselines: bool = True
     remeasure_champions: bool = True
     seed: int = 0
+    llm: list[str] = Field(default_factory=list, description="endpoints: local, openai:MODEL, or a /v1 URL")
+    llm_model: str | None = None
+    llm_cost_cap: float = Field(5.0, ge=0, description="USD per paid endpoint per run (hard cap)")
+    llm_concurrency: int = Field(1, ge=1, le=64)
+    llm_timeout_s: float = Field(180.0, gt=0)
+    llm_max_tokens: int = Field(1500, ge=16, description="completion tokens per request")
 
-    @field_validator("problems", "agents", mode="before")
+    @field_validator("problems", "agents", "llm", mode="before")
     @classmethod
     def _split(cls, v):
         return [s.strip() for s in v.split(",") if s.strip()] if isinstance(v, str) else v

@@ -92,3 +92,16 @@ def agent_table(summary: dict) -> Table:
                                                            "build_failed", "wrong", "cheated", "crashed",
                                                            "timed_out")))
     return t
+
+
+def llm_table(summary: dict) -> Table | None:
+    if not summary.get("llm"):
+        return None
+    t = Table(title="LLM endpoints")
+    cols = ("agent", "model", "calls", "ok", "parse_error", "apply_error", "empty", "timeout", "candidates",
+            "correct", "faster", "champions", "prompt_tokens", "completion_tokens", "cost_usd", "seconds")
+    for col in cols:
+        t.add_column(col.replace("_", " "), justify="left" if col in ("agent", "model") else "right")
+    for r in summary["llm"]:
+        t.add_row(*(str(r.get(k, 0)) for k in cols))
+    return t

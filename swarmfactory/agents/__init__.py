@@ -32,7 +32,7 @@ def _make(name: str) -> Agent:
     eps = {ep.name: ep for ep in entry_points(group="swarmfactory.agents")}
     if name in eps:
         return eps[name].load()()
-    known = sorted(set(AGENT_SETS) | set(AGENT_SETS["default"]) | set(eps) | {"adversary"})
+    known = sorted(set(AGENT_SETS) | set(AGENT_SETS["default"]) | set(eps) | {"adversary", "llm"})
     raise ValueError(f"unknown agent {name!r}; known: {', '.join(known)}")
 
 
@@ -41,12 +41,10 @@ def make_agents(spec: str | list[str]) -> list[Agent]:
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     out, seen = [], set()
     for raw in (n.strip() for n in names):
-        if not raw or raw == "adversary":  # proposes cases, not kernels: the coordinator runs it
+        if not raw or raw in ("adversary", "llm"):  # built by the coordinator (cases; endpoints)
             continue
         for name in AGENT_SETS.get(raw, [raw]):
             if name not in seen:
                 seen.add(name)
                 out.append(_make(name))
-    if not out:
-        raise ValueError("no agents given")
     return out

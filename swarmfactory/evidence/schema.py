@@ -145,3 +145,23 @@ lessons = Table(
     Column("run_id", String(32)),
     _created(),
 )
+
+llm_calls = Table(
+    "llm_calls", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), index=True),
+    Column("agent", String(128), nullable=False),
+    Column("endpoint", JSON, nullable=False),              # label, base_url, model, key *variable name*
+    Column("model", String(256), nullable=False),
+    Column("problem", String(128), nullable=False),
+    Column("operator", String(32), nullable=False),        # rewrite | repair
+    Column("status", String(32), nullable=False),          # ok | empty | parse_error | apply_error | timeout | http | ...
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
+    Column("cost_usd", Float, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("error", Text),
+    Column("raw", Text),                                   # the answer, when it could not be used
+    Column("parent", String(64)),
+    _created(),
+)

@@ -210,6 +210,16 @@ class Store:
     def put_roofs(self, threads: int, record: dict) -> None:
         self._exec(insert(S.roofs).values(hardware_id=self.hardware["id"], threads=threads, record=record))
 
+    # -- LLM calls ----------------------------------------------------------------------------------
+    def record_llm_call(self, row: dict) -> None:
+        self._exec(insert(S.llm_calls).values(**_jsonable(row)))
+
+    def llm_calls(self, run_id: str | None = None) -> list[dict]:
+        q = select(S.llm_calls).order_by(S.llm_calls.c.id)
+        if run_id:
+            q = q.where(S.llm_calls.c.run_id == run_id)
+        return self._rows(q)
+
     # -- lessons --------------------------------------------------------------------------------------
     def add_lesson(self, problem: str | None, agent: str, text: str, data: dict, run_id: str | None) -> None:
         self._exec(insert(S.lessons).values(problem=problem, hardware_id=self.hardware["id"],

@@ -86,6 +86,13 @@ def render(store: Store, run_id: str | None = None) -> str:
             "agent", "proposals", "correct", "faster", "champions", "build_failed", "wrong", "cheated",
             "crashed", "timed_out")) + "</tr>")
     parts.append("</table>")
+    if s["llm"]:
+        cols = ("agent", "model", "calls", "ok", "parse_error", "apply_error", "empty", "timeout", "candidates",
+                "correct", "faster", "champions", "prompt_tokens", "completion_tokens", "cost_usd", "seconds")
+        parts.append("<h2>LLM endpoints</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>")
+        for r in s["llm"]:
+            parts.append("<tr>" + "".join(f"<td>{_e(r.get(c, 0))}</td>" for c in cols) + "</tr>")
+        parts.append("</table>")
     for p in s["problems"]:
         parts.append(f"<h2>{_e(p['problem'])}</h2>")
         parts.append(f"<p>{p['evaluations']} evaluations; outcomes: "

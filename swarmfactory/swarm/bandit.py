@@ -34,6 +34,9 @@ class Bandit:
         self.arms = {n: Arm() for n in names}
         self.rng = rng
 
+    def add(self, name: str) -> None:
+        self.arms.setdefault(name, Arm())
+
     def order(self) -> list[str]:
         """Agents in the order to ask them this turn (best Thompson draw first)."""
         draws = {n: a.sample(self.rng) for n, a in self.arms.items()}

@@ -25,6 +25,7 @@ from swarmfactory.config import RunConfig
 from swarmfactory.evidence.store import Store, content_hash
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
 from swarmfactory.swarm.executors import Executor, LocalExecutor
@@ -78,6 +79,18 @@ class Coordinator:
         self.problems = resolve_problems(",".join(config.problems))
         self.agents = {a.name: a for a in make_agents(config.agents)}
         self.adversary = AdversaryAgent() if "adversary" in config.agents else None
+        if "llm" in config.agents and not config.llm:
+            raise RunError("--agents includes llm but no endpoint was given: add --llm local, "
+                           "--llm openai:MODEL or --llm http://HOST:PORT/v1 --llm-model NAME")
+        try:  # fail early on a bad endpoint or a missing key, before any work
+            for spec in config.llm:
+                if spec != "local":
+                    ChatClient(parse_endpoint(spec, config.llm_model))
+        except LLMError as exc:
+            raise RunError(str(exc)) from None
+        if not self.agents and not config.llm:
+            raise RunError("no agents to propose kernels; use --agents default")
+        self.local_engine = None
         self.rng = random.Random(f"{config.seed}:{resume or ''}")
         self.bandit = Bandit(list(self.agents), self.rng)
         measure, verify = self._cpu_split(config.parallel)
@@ -144,6 +157,10 @@ class Coordinator:
             self.store.set_run_status(self.run_id, "running")
             elapsed = self._elapsed_before()
             self._replay_bandit()
+        self._start_llm_agents()
+        for agent in self.agents.values():
+            if hasattr(agent, "bind"):
+                agent.bind(self.store, self.run_id)
         states = self._load_state()
         done = self._done_in_run()
         deadline = time.monotonic() + cfg.time_s - elapsed if cfg.time_s else None
@@ -166,11 +183,14 @@ class Coordinator:
                     st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
                     fut = self.executor.submit(st.problem, prop.source, st.cases)
                     in_flight[fut] = (st, prop, cid)
-                if not in_flight and (idle_turns > MAX_IDLE_TURNS or all(s.exhausted for s in states.values())
+                waiting = any(getattr(a, "busy", lambda: False)() for a in self.agents.values())
+                if not in_flight and ((idle_turns > MAX_IDLE_TURNS and not waiting)
+                                      or all(s.exhausted for s in states.values())
                                       or (cfg.budget is not None and done >= cfg.budget)
                                       or (deadline is not None and time.monotonic() >= deadline)):
                     break
                 if not in_flight:
+                    time.sleep(0.2)  # agents are thinking (or have nothing): do not spin
                     continue
                 finished, _ = wait(list(in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
                 for fut in finished:
@@ -188,11 +208,42 @@ class Coordinator:
             raise
         finally:
             self.progress.stop()
+            self._stop_llm_agents()
             self.store.set_run_status(self.run_id, status)
             if status == "finished":
                 self.executor.shutdown()
             self.harness.close()
         return self.run_id
+
+    def _start_llm_agents(self) -> None:
+        from swarmfactory.agents.llm import LLMAgent
+
+        cfg = self.config
+        if not cfg.llm:
+            return
+        local_url = None
+        if "local" in cfg.llm:
+            from swarmfactory.llm.local import LocalEngine
+
+            verify = self.harness.config.verify_cpus
+            self.local_engine = LocalEngine(cpus=list(verify) if verify else None,
+                                            threads=len(verify) if verify else None)
+            local_url = self.local_engine.url
+        for spec in cfg.llm:
+            ep = parse_endpoint(spec, None if spec == "local" else cfg.llm_model, local_url)
+            client = ChatClient(ep, timeout_s=cfg.llm_timeout_s, concurrency=cfg.llm_concurrency,
+                                cost_cap_usd=cfg.llm_cost_cap if ep.paid else None)
+            agent = LLMAgent(client, concurrency=cfg.llm_concurrency, max_tokens=cfg.llm_max_tokens)
+            self.agents[agent.name] = agent
+            self.bandit.add(agent.name)
+
+    def _stop_llm_agents(self) -> None:
+        for agent in self.agents.values():
+            if hasattr(agent, "close"):
+                agent.close()
+        if self.local_engine is not None:
+            self.local_engine.stop()
+            self.local_engine = None
 
     def _elapsed_before(self) -> float:
         run = self.store.run(self.run_id)
@@ -232,7 +283,8 @@ class Coordinator:
                         break
                 if fresh:
                     return fresh
-                if agent_name != "seed":
+                agent = self.agents[agent_name]
+                if agent_name != "seed" and not getattr(agent, "busy", lambda: False)():
                     self.bandit.idle(agent_name)
             if self._space_exhausted(st):
                 st.exhausted = True

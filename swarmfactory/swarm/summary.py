@@ -80,7 +80,24 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
         agents[a][e["outcome"]] += 1
     board = [{"agent": a, **dict(c), "champions": champ_agents.get(a, 0),
               "correct": c["faster"] + c["not_faster"]} for a, c in sorted(agents.items())]
-    return {"run_id": run_id, "status": run["status"], "config": run["config"],
+    llm: dict[str, Counter] = defaultdict(Counter)
+    for call in store.llm_calls(run_id):
+        row = llm[f"{call['agent']}|{call['model']}"]
+        row["calls"] += 1
+        row[call["status"]] += 1
+        for k in ("prompt_tokens", "completion_tokens"):
+            row[k] += call[k]
+        row["cost_usd"] += call["cost_usd"]
+        row["seconds"] += call["seconds"]
+    llm_rows = []
+    for key, c in sorted(llm.items()):
+        agent, model = key.split("|", 1)
+        mine = next((a for a in board if a["agent"] == agent), {})
+        llm_rows.append({"agent": agent, "model": model, **dict(c), "cost_usd": round(c["cost_usd"], 6),
+                         "seconds": round(c["seconds"], 1), "candidates": mine.get("proposals", 0),
+                         "correct": mine.get("correct", 0), "faster": mine.get("faster", 0),
+                         "champions": mine.get("champions", 0)})
+    return {"run_id": run_id, "status": run["status"], "config": run["config"], "llm": llm_rows,
             "hardware_id": run["hardware_id"], "created_at": str(run["created_at"]),
             "finished_at": str(run["finished_at"]) if run["finished_at"] else None,
             "evaluations": sum(p["evaluations"] for p in problems), "problems": problems,

@@ -1,0 +1,175 @@
+"""LLM coder agents: free-form kernel rewrites through any OpenAI-compatible endpoint.
+
+Each agent wraps one endpoint (a hosted API, vLLM, llama.cpp, our own engine). Calls run in the
+background (``concurrency`` at a time) so the swarm never waits on a model: ``propose`` hands
+back whatever answers have arrived and starts new calls. Every call is recorded (tokens, cost,
+seconds, status and, when the answer could not be used, the raw text). A candidate of this agent
+that failed to build or verify is sent back once with its error (the repair loop).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import jinja2
+
+from swarmfactory.agents.base import Agent, Board, Entry, Proposal
+from swarmfactory.agents.edits import EditError, extract_source
+from swarmfactory.evidence.store import content_hash
+from swarmfactory.hardware import cpu_fingerprint
+from swarmfactory.llm.client import ChatClient, CostCapReached, LLMError
+
+PROMPTS = Path(__file__).with_name("prompts")
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(PROMPTS)), undefined=jinja2.StrictUndefined,
+                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+REPAIRABLE = ("build_failed", "wrong")
+MAX_FATAL = 3          # consecutive unrecoverable errors (HTTP 4xx, config) before the agent stops
+BACKOFF_CAP_S = 30.0   # pause after consecutive failed calls grows up to this
+
+
+def render_prompt(name: str, **values) -> str:
+    return _ENV.get_template(name).render(**values)
+
+
+def reference_source(problem) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(problem.reference)).strip()
+    except (OSError, TypeError):
+        return f"# see {problem.source_path}"
+
+
+class LLMAgent(Agent):
+    def __init__(self, client: ChatClient, concurrency: int = 1, max_tokens: int = 1500,
+                 temperature: float = 0.7):
+        self.client, self.concurrency = client, max(1, concurrency)
+        self.name = f"llm:{client.endpoint.label}"
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sf-llm")
+        self.pending: list[Future] = []
+        self.repaired: set[str] = set()      # failed candidates already sent back once
+        self.repairs: set[str] = set()       # candidates that are themselves repairs
+        self.capped = False                  # stopped: cost cap or repeated fatal errors
+        self.failures = 0                    # consecutive failed calls
+        self.fatal = 0                       # consecutive unrecoverable ones
+        self.store, self.run_id = None, None
+
+    def bind(self, store, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+
+    def busy(self) -> bool:
+        return any(not f.done() for f in self.pending)
+
+    # -- proposing ------------------------------------------------------------------------------
+    def propose(self, board: Board, n: int = 1) -> list[Proposal]:
+        ready = [f for f in self.pending if f.done()]
+        self.pending = [f for f in self.pending if not f.done()]
+        out = [p for f in ready for p in ([f.result()] if f.result() else [])]
+        if not self.capped and len(self.pending) < self.concurrency:
+            job = self._next_request(board)
+            if job is not None:
+                self.pending.append(self.pool.submit(self._call, *job))
+        return out[:max(n, len(out))]
+
+    def _next_request(self, board: Board):
+        """(messages, parent id, parent source, operator, problem, generation) or None."""
+        p = board.problem
+        system = render_prompt("system.md.j2", arch=cpu_fingerprint()["arch"],
+                               features=", ".join(cpu_fingerprint()["features"]) or "baseline ISA",
+                               signature=p.c_signature)
+        failed = self._to_repair(board)
+        if failed is not None and self.store is not None:
+            cand = self.store.candidate(failed.candidate_id)
+            self.repaired.add(failed.candidate_id)
+            user = render_prompt("repair.md.j2", problem=p, reference_source=reference_source(p),
+                                 outcome=failed.outcome, source=cand["source"], detail=failed.detail[:3000])
+            return ([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                    failed, cand["source"], "repair", p)
+        parent = board.champion or next(iter(board.elites(1)), None)
+        parent_src = None
+        if parent is not None and self.store is not None:
+            cand = self.store.candidate(parent.candidate_id)
+            parent_src = cand["source"] if cand else None
+        if parent_src is None and p.template is not None:
+            parent_src, parent = p.render(), None
+        user = render_prompt("rewrite.md.j2", problem=p, reference_source=reference_source(p),
+                             workload=self._workload(board), champion=board.champion,
+                             lessons=board.lessons[:8], parent_source=parent_src or "/* none yet */",
+                             parent_outcome=parent.outcome if parent else "template default",
+                             parent_speedup=f"{parent.speedup:.2f}" if parent and parent.speedup else None,
+                             parent_detail=parent.detail[:1500] if parent else None)
+        return ([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                parent, parent_src, "rewrite", p)
+
+    def _to_repair(self, board: Board) -> Entry | None:
+        for e in reversed(board.entries):
+            if (e.agent == self.name and e.outcome in REPAIRABLE and e.candidate_id not in self.repaired
+                    and e.candidate_id not in self.repairs):
+                return e
+        return None
+
+    @staticmethod
+    def _workload(board: Board) -> list[dict]:
+        p = board.problem
+        rows = []
+        for shape in p.workload:
+            rl = p.roofline(shape) if p.roofline else None
+            rows.append({"label": p.shape_label(shape), "bytes": int(rl.bytes) if rl else "?",
+                         "flops": int(rl.flops) if rl else "?", "champion_us": None, "baseline_us": None})
+        return rows
+
+    # -- in the background ---------------------------------------------------------------------------
+    def _call(self, messages, parent: Entry | None, parent_src: str | None, operator: str, problem) -> Proposal | None:
+        status, raw, proposal, usage = "ok", None, None, {}
+        if self.failures:
+            time.sleep(min(BACKOFF_CAP_S, 0.5 * 2 ** self.failures))
+        try:
+            text, usage = self.client.chat(messages, self.max_tokens, self.temperature)
+            try:
+                source, how = extract_source(text, parent_src, problem.name)
+                gen = (parent.generation + 1) if parent else 0
+                if operator == "repair":
+                    self.repairs.add(content_hash(source, "c"))
+                proposal = Proposal(source, self.name, f"{operator}-{how}", None,
+                                    [parent.candidate_id] if parent else [], gen)
+            except EditError as exc:
+                status, raw = exc.kind, text
+                usage = {**usage, "error": str(exc)}
+        except CostCapReached as exc:
+            self.capped = True
+            status, usage = "cost_cap", {"error": str(exc)}
+        except LLMError as exc:
+            status, usage = exc.kind, {"error": str(exc)}
+            if exc.kind in ("http_fatal", "config"):
+                self.fatal += 1
+                if self.fatal >= MAX_FATAL:
+                    self.capped = True
+                    usage["error"] += f" (stopping this agent after {MAX_FATAL} such errors in a row)"
+        except Exception as exc:  # never let a model call take the run down
+            status, usage = "error", {"error": f"{type(exc).__name__}: {exc}"}
+        if status in ("ok", "empty", "parse_error", "apply_error"):
+            self.failures = 0
+            if status == "ok":
+                self.fatal = 0
+        else:
+            self.failures += 1
+        self._record(problem.name, operator, status, raw, usage, parent)
+        return proposal
+
+    def _record(self, problem: str, operator: str, status: str, raw: str | None, usage: dict,
+                parent: Entry | None) -> None:
+        if self.store is None:
+            return
+        self.store.record_llm_call({
+            "run_id": self.run_id, "agent": self.name, "endpoint": self.client.endpoint.public(),
+            "model": self.client.endpoint.model, "problem": problem, "operator": operator,
+            "status": status, "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0), "cost_usd": usage.get("cost_usd", 0.0),
+            "seconds": usage.get("seconds", 0.0), "error": usage.get("error"),
+            "raw": (raw or "")[:20000] or None, "parent": parent.candidate_id if parent else None})
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,1 @@
+"""Talking to language models: an OpenAI-compatible client with retries, limits and accounting."""
