@@ -129,6 +129,26 @@ def test_baselines_match_reference_on_workload(name, assert_close):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_eager_composition_matches_reference_on_workload(name, assert_close):
+    p = load_problem(name)
+    if p.eager is None:
+        pytest.skip(f"{name} times its reference as the eager composition")
+    for i, shape in enumerate(p.workload):
+        inputs = p.make_inputs(shape, np.random.default_rng(200 + i), "normal")
+        out = p.eager(to_torch(inputs))()
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        got = {a.name: o.detach().numpy() for a, o in zip(p.outputs, outs)}
+        assert_close(p, got, p.reference(to_torch(inputs)), f"{name} eager {p.shape_label(shape)}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_bundled_shape_is_valid_for_its_problem(name):
+    p = load_problem(name)
+    for shape in (*p.edge_shapes, *p.workload):
+        assert p.valid_shape(shape), f"{name}: {dict(shape)} breaks its own shape constraint"
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_every_seed_case_has_inputs_the_reference_accepts(name, case_data):
     p = load_problem(name)
     for case in p.seed_cases():

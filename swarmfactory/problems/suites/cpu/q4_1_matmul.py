@@ -81,6 +81,17 @@ def baseline_dequant_linear(t):
     return lambda: F.linear(x, w)
 
 
+def eager_by_hand(t):
+    """Nibbles unpacked once; every call dequantises (q * d + m) and multiplies."""
+    import torch
+
+    n, k, x = t["n"], t["k"], t["x"]
+    q, d, m = decode(t["wq"].numpy(), n, k)
+    q = torch.from_numpy(q).float().view(n, k // QK, QK)
+    d, m = torch.from_numpy(d).float()[..., None], torch.from_numpy(m).float()[..., None]
+    return lambda: x @ (q * d + m).view(n, k).T
+
+
 def roofline(shape):
     n, k, b = shape["n"], shape["k"], shape["batch"]
     return Roofline(bytes=n * (k // QK) * BLOCK_BYTES + 4.0 * b * (k + n), flops=2.0 * n * k * b)
@@ -97,6 +108,8 @@ PROBLEM = Problem(
     output_shapes=lambda s: {"y": (s["batch"], s["n"])},
     reference=reference,
     baselines={"torch_int4pack_mm": baseline_int4pack, "dequant_F.linear": baseline_dequant_linear},
+    eager=eager_by_hand,
+    shape_constraint=lambda s: s["k"] % QK == 0,
     tolerance=Tolerance(1e-4, 1e-4, "a dot product of up to 4096 fp32 terms in any order (vector "
                                     "lanes, per-block partial sums, d * sum(x q) + m * sum(x)); "
                                     "outputs are O(1), so atol covers near-zero results too"),

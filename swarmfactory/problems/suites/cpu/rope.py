@@ -62,6 +62,8 @@ PROBLEM = Problem(
     output_shapes=lambda s: {"y": (s["tokens"], s["heads"], s["head_dim"])},
     reference=reference,
     baselines={"hf_llama_eager": baseline_hf},
+    eager=baseline_hf,
+    shape_constraint=lambda s: s["head_dim"] % 2 == 0,
     tolerance=Tolerance(1e-4, 2e-3, "an fp32 angle pos * inv_freq (what HF Llama computes) is off "
                                     "by up to ~2 * pos * 2^-24 = 5e-4 rad at pos 4096, which moves "
                                     "an output by that times |(x_i, x_i+half)| (up to ~4 for normal "
