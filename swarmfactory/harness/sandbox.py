@@ -47,11 +47,11 @@ def worker_env(tmpdir: str, threads: int) -> dict[str, str]:
     return env
 
 
-def _limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool):
+def _limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool, fsize: int):
     def apply():
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if isolate_net:
             try:
@@ -65,7 +65,10 @@ class Worker:
     """One sandboxed worker process. Not thread-safe: one request at a time."""
 
     def __init__(self, cpus: list[int] | None = None, mem_gb: float = 8.0, cpu_seconds: int = 600,
-                 isolate_net: bool = True, torch_threads: int | None = None):
+                 isolate_net: bool = True, torch_threads: int | None = None, trusted: bool = False):
+        """``trusted`` (our own PyTorch baselines): keep HOME and TMPDIR, so torch.compile's cache
+        persists across runs, and allow large files (its precompiled headers); secrets are still
+        stripped. Candidate code never runs in a trusted worker."""
         self.tmpdir = tempfile.mkdtemp(prefix="sf-worker-")
         self.cpus = sorted(cpus) if cpus else sorted(os.sched_getaffinity(0))
         threads = torch_threads or len(self.cpus)
@@ -76,10 +79,18 @@ class Worker:
         cmd = [sys.executable, "-m", "swarmfactory.harness.worker", str(p_in_r), str(p_out_w)]
         if self.cpus != sorted(os.sched_getaffinity(0)) and shutil.which("taskset"):
             cmd = ["taskset", "-c", ",".join(map(str, self.cpus))] + cmd
+        env = worker_env(self.tmpdir, threads)
+        if trusted:
+            for k in ("HOME", "TMPDIR"):
+                if k in os.environ:
+                    env[k] = os.environ[k]
+                else:
+                    env.pop(k)
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmpdir,
-            env=worker_env(self.tmpdir, threads), pass_fds=(p_in_r, p_out_w), start_new_session=True,
-            preexec_fn=_limits(int(mem_gb * (1 << 30)), cpu_seconds, isolate_net))
+            env=env, pass_fds=(p_in_r, p_out_w), start_new_session=True,
+            preexec_fn=_limits(int(mem_gb * (1 << 30)), cpu_seconds, isolate_net,
+                               (16 << 30) if trusted else (64 << 20)))
         log.close()
         os.close(p_in_r)
         os.close(p_out_w)

@@ -12,7 +12,8 @@ harness needs is declared here, so adding an op is adding one file. Contract:
   ``make_inputs`` can produce.
 * ``baselines`` map a name to ``setup(inputs) -> fn``: ``setup`` runs once, outside the timed
   region (weight packing and the like); ``fn()`` computes the op the fastest way a user has today
-  in PyTorch. ``fn`` may allocate its result.
+  in PyTorch. ``fn`` may allocate its result; it returns a tensor, or a tuple of tensors in
+  the order of the ``out`` args.
 * ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel.
 """
 
@@ -205,10 +206,10 @@ def check_problem(problem: Problem) -> None:
         for k, v in problem.knob_defaults.items():
             if v not in problem.knobs[k]:
                 raise ValueError(f"{problem.name}: default {k}={v!r} is not among its values")
-    shape = problem.edge_shapes[0] if problem.edge_shapes else problem.workload[0]
+    shape = problem.workload[0]  # the shape that matters; an edge shape may be degenerate (1x1)
     outs = []
     for seed in (1, 2):
-        inputs = problem.make_inputs(shape, np.random.default_rng(seed), "normal")
+        inputs = problem.make_inputs(shape, np.random.default_rng(seed), problem.dists[0])
         missing = {a.name for a in problem.inputs} - set(inputs)
         if missing:
             raise ValueError(f"{problem.name}: make_inputs lacks {sorted(missing)}")
