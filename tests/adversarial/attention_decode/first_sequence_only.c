@@ -1,0 +1,28 @@
+/* expect: wrong -- lazy: computes batch 0 and copies its output to every other sequence in the batch */
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+void attention_decode(const float *q, const float *k, const float *v, float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim, float scale) {
+    float *acc = malloc((size_t)head_dim * sizeof(float));
+    for (int64_t b = 0; b < 1; b++)
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t g = h / (heads / kv_heads);
+            const float *qh = q + (b * heads + h) * head_dim;
+            const float *kh = k + (b * kv_heads + g) * seq * head_dim, *vh = v + (b * kv_heads + g) * seq * head_dim;
+            float m = -INFINITY, l = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
+            for (int64_t s = 0; s < seq; s++) {
+                float dot = 0.0f;
+                for (int64_t d = 0; d < head_dim; d++) dot += qh[d] * kh[s * head_dim + d];
+                dot *= scale;
+                const float mn = dot > m ? dot : m, a = expf(m - mn), p = expf(dot - mn);
+                l = l * a + p;
+                for (int64_t d = 0; d < head_dim; d++) acc[d] = acc[d] * a + p * vh[s * head_dim + d];
+                m = mn;
+            }
+            for (int64_t d = 0; d < head_dim; d++) out[(b * heads + h) * head_dim + d] = acc[d] / l;
+        }
+    for (int64_t b = 1; b < batch; b++)
+        for (int64_t i = 0; i < heads * head_dim; i++) out[b * heads * head_dim + i] = out[i];
+    free(acc);
+}

@@ -1,0 +1,29 @@
+/* expect: cheated -- calls omp_set_num_threads() to take more threads than the harness gave it */
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <omp.h>
+void attention_decode(const float *q, const float *k, const float *v, float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim, float scale) {
+    omp_set_num_threads(64);
+    const int64_t group = heads / kv_heads;
+    #pragma omp parallel for collapse(2)
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *acc = calloc((size_t)head_dim, sizeof(float));
+            const int64_t g = h / group;
+            const float *qh = q + (b * heads + h) * head_dim;
+            const float *kh = k + (b * kv_heads + g) * seq * head_dim, *vh = v + (b * kv_heads + g) * seq * head_dim;
+            float m = -INFINITY, l = 0.0f;
+            for (int64_t s = 0; s < seq; s++) {
+                float dot = 0.0f;
+                for (int64_t d = 0; d < head_dim; d++) dot += qh[d] * kh[s * head_dim + d];
+                dot *= scale;
+                const float mn = dot > m ? dot : m, a = expf(m - mn), p = expf(dot - mn);
+                l = l * a + p;
+                for (int64_t d = 0; d < head_dim; d++) acc[d] = acc[d] * a + p * vh[s * head_dim + d];
+                m = mn;
+            }
+            for (int64_t d = 0; d < head_dim; d++) out[(b * heads + h) * head_dim + d] = acc[d] / l;
+            free(acc);
+        }
+}
