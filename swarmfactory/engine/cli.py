@@ -14,7 +14,7 @@ from rich.table import Table
 
 app = typer.Typer(help="Serve, run and benchmark the inference engine.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(msg: str, code: int = 2):

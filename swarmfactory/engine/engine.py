@@ -9,7 +9,7 @@ import torch
 
 from .config import EngineConfig
 from .gguf_loader import load_gguf, resolve_model_path
-from .model import Llama
+from .model import Llama, PrefillChunk, StepInput
 from .model_runner import ModelRunner
 from .sampler import sample
 from .scheduler import Scheduler
@@ -115,6 +115,31 @@ class Engine:
                 self.scheduler.finish(s, s.finish_reason)
             outs.append(StepOutput(s, t, s.take_delta(), done))
         return outs
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        """fp32 logits [len(ids), vocab] for every position of one token sequence (teacher
+        forcing, chunked like a prefill); for perplexity and logit-error checks."""
+        if not ids or len(ids) > self.max_seq_len:
+            raise RequestError(f"score needs 1..{self.max_seq_len} tokens, got {len(ids)}")
+        if not self.kv.free_slots:
+            raise RuntimeError("no free KV slot to score with")
+        slot = self.kv.allocate()
+        out = []
+        try:
+            for start in range(0, len(ids), self.config.prefill_chunk):
+                chunk = ids[start : start + self.config.prefill_chunk]
+                n = len(chunk)
+                step = StepInput(
+                    tokens=torch.tensor(chunk, dtype=torch.long),
+                    positions=torch.arange(start, start + n),
+                    slots=torch.full((n,), slot, dtype=torch.long),
+                    n_decode=0, decode_slots=None, decode_range=None, decode_len=0, decode_mask=None,
+                    prefills=[PrefillChunk(row=0, n=n, slot=slot, start=start)], logit_rows=None,
+                )
+                out.append(self.model.forward(step, self.kv))
+        finally:
+            self.kv.release(slot)
+        return torch.cat(out)
 
     # -- one-shot API ------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list, max_tokens: int = 64, temperature: float = 0.0,

@@ -148,8 +148,21 @@ def _field(reader: GGUFReader, key: str, default=None):
     return f.contents()
 
 
+_CACHE: dict[tuple, GGUFModel] = {}
+
+
 def load_gguf(path: str | Path) -> GGUFModel:
-    path = Path(path)
+    """Parse a GGUF file (memory-mapped; tensors are read lazily). Cached per file version."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _CACHE:
+        _CACHE.clear()  # keep at most one model's metadata alive
+        _CACHE[key] = _load(path)
+    return _CACHE[key]
+
+
+def _load(path: Path) -> GGUFModel:
     reader = GGUFReader(path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":

@@ -1,7 +1,7 @@
 """Static KV cache: one slot per running sequence, preallocated for max_seq_len tokens.
 
-Layout per layer: k, v of shape [slots, n_kv_heads, max_seq_len, head_dim], the layout SDPA
-reads directly. A sequence owns one slot from admission to finish, so nothing is copied when
+Layout per layer: one tensor [slots, 2 * n_kv_heads, max_seq_len, head_dim], k heads then v
+heads, so one indexed write stores both; k = [:, :n_kv], v = [:, n_kv:] are the layout SDPA reads. A sequence owns one slot from admission to finish, so nothing is copied when
 the batch changes; the scheduler hands out the lowest free slot so that running slots tend to
 form a contiguous range, which attention reads as a view instead of a gather.
 """
@@ -14,11 +14,10 @@ import torch
 class KVCache:
     def __init__(self, n_layers: int, slots: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype: torch.dtype):
-        shape = (slots, n_kv_heads, max_seq_len, head_dim)
+        shape = (slots, 2 * n_kv_heads, max_seq_len, head_dim)
         # zeros, not empty: unused positions are read (and masked) by batched attention, and
         # masked garbage that happens to be NaN would still poison softmax @ V.
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.kv = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
         self.slots = slots
         self.max_seq_len = max_seq_len
         self._free = list(range(slots))
@@ -37,4 +36,4 @@ class KVCache:
         self._free.append(slot)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in self.kv)

@@ -96,17 +96,17 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
     async def _stop():
         state["ae"].shutdown()
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
+    def _guard(request: Request) -> None:
+        # A plain check, not an HTTP middleware: Starlette's BaseHTTPMiddleware hides client
+        # disconnects from the endpoint, and disconnects must free KV slots.
+        if api_key:
             auth = request.headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), api_key.encode()):
-                return _error(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
+                raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _error(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
-        return await call_next(request)
+            raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
@@ -122,11 +122,13 @@ def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        _guard(request)
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
                                             "owned_by": "swarmfactory", "max_model_len": engine.max_seq_len}]}
 
     async def _parse(request: Request, cls):
+        _guard(request)
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
