@@ -27,3 +27,11 @@ bench-kernels: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .swarmfactory build *.egg-info
+
+# Engine vs peers (not part of the default install or CI): llama-server from the llama.cpp
+# sources in the llama-cpp-python sdist (peers/, ~10 min on 2 cores), then the comparison.
+peers: $(STAMP)
+	$(BIN)/python benchmarks/engine_vs_peers.py --build-only
+
+bench-engine: peers
+	nice $(BIN)/python benchmarks/engine_vs_peers.py $(BENCH_ARGS)

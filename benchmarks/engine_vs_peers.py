@@ -1,0 +1,232 @@
+"""Engine vs llama.cpp server vs HF transformers on the same GGUF, on this machine.
+
+    python benchmarks/engine_vs_peers.py --build-only     # make peers: build llama-server
+    python benchmarks/engine_vs_peers.py                  # make bench-engine: the comparison
+
+llama-server is built from the llama.cpp sources vendored in the llama-cpp-python source
+distribution on PyPI (peers/, gitignored; about 10 minutes on two cores). Every server gets the
+same load (swarmfactory.bench.serving: seeded random-token prompts of --input-len tokens,
+--output-len tokens each with ignore_eos, streaming, warmup, one closed-loop run per
+concurrency level); HF transformers' fp32 ``generate`` is timed at the same batch sizes.
+Prints a table and writes JSON. Not a test and not part of the default install or CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from swarmfactory.bench.serving import bench_sync, make_prompts  # noqa: E402
+from swarmfactory.engine.gguf_loader import bundled_model_path  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> None:
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, cwd=cwd, check=True)
+
+
+def build_llama_server(peers: Path, jobs: int) -> Path:
+    """peers/llama-server, built once from the llama-cpp-python sdist."""
+    binary = peers / "llama-server"
+    if binary.exists():
+        return binary
+    peers.mkdir(parents=True, exist_ok=True)
+    sdists = glob.glob(str(peers / "sdist" / "llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "llama-cpp-python",
+             "-d", str(peers / "sdist")])
+        sdists = glob.glob(str(peers / "sdist" / "llama_cpp_python-*.tar.gz"))
+    sdist = sorted(sdists)[-1]
+    src = peers / "src"
+    if not src.exists():
+        log(f"unpacking {Path(sdist).name}")
+        with tarfile.open(sdist) as tf:
+            tf.extractall(src, filter="data")
+    llama = next(Path(p) for p in glob.glob(str(src / "*" / "vendor" / "llama.cpp")))
+    run(["cmake", "-B", "build", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+         "-DLLAMA_BUILD_TESTS=OFF"], cwd=llama)
+    run(["cmake", "--build", "build", "--target", "llama-server", "-j", str(jobs)], cwd=llama)
+    built = next(Path(p) for p in glob.glob(str(llama / "build" / "bin" / "llama-server")))
+    shutil.copy2(built, binary)
+    (peers / "llama-server.version").write_text(Path(sdist).name + "\n")
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, cmd: list[str], url: str, log_path: Path):
+        log("$ " + " ".join(cmd))
+        self.url = url
+        self.log = open(log_path, "w")
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"server exited (see {log_path})")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"server did not become healthy (see {log_path})")
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+def sweep(url: str, levels: list[int], args) -> list[dict]:
+    out = []
+    for i, c in enumerate(levels):
+        n = args.num_prompts or max(8, 2 * c)
+        res = bench_sync(url, [c], input_len=args.input_len, output_len=args.output_len, num_prompts=n,
+                         seed=args.seed + 100 * i, warmup=2 if i == 0 else 1)
+        lv = res["levels"][0]
+        log(f"  c={c}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
+            f"TPOT {lv['tpot_ms_median']:.1f} ms  errors {lv['errors']}")
+        out.append(lv)
+    return out
+
+
+def bench_hf(gguf: Path, levels: list[int], args) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.eval()
+    gen = dict(do_sample=False, pad_token_id=model.config.pad_token_id or 0)
+    out = []
+    with torch.inference_mode():
+        warm = torch.tensor(make_prompts(1, 16, 0))
+        model.generate(warm, max_new_tokens=4, min_new_tokens=4, **gen)
+        for i, b in enumerate(levels):
+            x = torch.tensor(make_prompts(b, args.input_len, args.seed + 100 * i))
+            t0 = time.perf_counter()
+            model.generate(x, max_new_tokens=1, min_new_tokens=1, **gen)
+            ttft = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            model.generate(x, max_new_tokens=args.output_len, min_new_tokens=args.output_len, **gen)
+            total = time.perf_counter() - t0
+            lv = {"concurrency": b, "output_tok_s": b * args.output_len / total, "ttft_ms_median": ttft * 1e3,
+                  "tpot_ms_median": (total - ttft) / (args.output_len - 1) * 1e3, "errors": 0,
+                  "note": "batch of b prompts in one generate() call"}
+            log(f"  b={b}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
+                f"TPOT {lv['tpot_ms_median']:.1f} ms")
+            out.append(lv)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", type=Path, default=ROOT / "peers")
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--formats", default="q4_1,bf16,fp32")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--num-prompts", type=int, default=0, help="per level (default: max(8, 2 x concurrency))")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--skip", default="", help="comma list of: llama.cpp, hf, engine")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "engine_vs_peers.json")
+    args = ap.parse_args()
+
+    llama = build_llama_server(args.peers, args.threads)
+    if args.build_only:
+        log(f"llama-server ready: {llama}")
+        return 0
+    gguf = bundled_model_path()
+    levels = [int(x) for x in args.concurrency.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    max_c = max(levels)
+    ctx = args.input_len + args.output_len + 16
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    logs = args.out.parent
+    results: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                                 "cores": os.cpu_count()},
+                     "model": gguf.name, "input_len": args.input_len, "output_len": args.output_len,
+                     "systems": {}}
+
+    if "llama.cpp" not in skip:
+        port = free_port()
+        log("llama.cpp server")
+        p = Proc([str(llama), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
+                  "-tb", str(args.threads), "-np", str(max_c), "-c", str(max_c * ctx), "--no-warmup"],
+                 f"http://127.0.0.1:{port}", logs / "llama-server.log")
+        try:
+            results["systems"]["llama.cpp (Q4_1 file)"] = sweep(p.url, levels, args)
+        finally:
+            p.stop()
+
+    if "engine" not in skip:
+        for fmt in args.formats.split(","):
+            port = free_port()
+            log(f"engine {fmt}")
+            p = Proc([sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--weights", fmt, "--port", str(port),
+                      "--max-batch", str(max_c), "--max-seq-len", str(ctx), "--threads", str(args.threads)],
+                     f"http://127.0.0.1:{port}", logs / f"engine-{fmt}.log")
+            try:
+                results["systems"][f"engine {fmt}"] = sweep(p.url, levels, args)
+            finally:
+                p.stop()
+
+    if "hf" not in skip:
+        log("HF transformers fp32 generate")
+        results["systems"]["HF transformers fp32 generate"] = bench_hf(gguf, levels, args)
+
+    args.out.write_text(json.dumps(results, indent=2))
+    print(table(results, levels))
+    log(f"wrote {args.out}")
+    return 0
+
+
+def table(results: dict, levels: list[int]) -> str:
+    head = "| system | " + " | ".join(f"c={c} tok/s | TTFT ms | TPOT ms" for c in levels) + " |"
+    sep = "|---|" + "---|---|---|" * len(levels)
+    rows = [head, sep]
+    for name, lvs in results["systems"].items():
+        by = {lv["concurrency"]: lv for lv in lvs}
+        cells = []
+        for c in levels:
+            lv = by.get(c)
+            cells.append("n/a | n/a | n/a" if lv is None else
+                         f"{lv['output_tok_s']:.1f} | {lv['ttft_ms_median']:.0f} | {lv['tpot_ms_median']:.1f}")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
