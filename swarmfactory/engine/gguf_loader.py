@@ -110,6 +110,12 @@ class QuantTensor:
         q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).reshape(self.rows, self.cols)
         return q, d, m
 
+    def blocks(self) -> torch.Tensor:
+        """The stored quantised blocks, rows un-permuted: uint8 [rows, bytes_per_row]."""
+        if self.qtype in (QT.F32, QT.F16):
+            raise TypeError(f"{self.name} is {self.qtype.name}, not block-quantised")
+        return torch.from_numpy(np.array(self._rows(self.raw)))
+
     def q8_0(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q int8 [rows, cols], d fp32 [rows, cols/32]); w = d*q."""
         if self.qtype != QT.Q8_0:

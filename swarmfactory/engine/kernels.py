@@ -50,6 +50,10 @@ class Weight:
         qs, ds = zip(*(p.q8_0() for p in self.parts))
         return torch.cat(qs), torch.cat(ds)
 
+    def blocks(self) -> torch.Tensor:
+        """Stored blocks of all parts, row after row: uint8 [rows, bytes_per_row]."""
+        return torch.cat([p.blocks() for p in self.parts])
+
 
 class LinearKernel(ABC):
     name: ClassVar[str]
@@ -132,6 +136,34 @@ class Int4x2(LinearKernel):
     def __call__(self, x):
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.hi[0], 32, self.hi[1])
         return y.add_(torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.lo[0], 32, self.lo[1]))
+
+
+class Q41Function(LinearKernel):
+    """Adapter for kernels with the kernel factory's ``q4_1_matmul`` ABI.
+
+    ``fn(wq, x, y, n, k, batch)``: ``wq`` the raw GGUF Q4_1 blocks of W [n, k] (uint8 tensor,
+    n * k / 32 blocks of 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles), ``x`` fp32 [batch, k]
+    contiguous, ``y`` fp32 [batch, n] to be written. Make one with ``register_q4_1_matmul``.
+    """
+
+    qtypes = frozenset({QT.Q4_1})
+    fn: ClassVar
+
+    def __init__(self, weight: Weight, act_dtype: torch.dtype):
+        super().__init__(weight, act_dtype)
+        self.wq = weight.blocks().reshape(-1).contiguous()
+
+    def __call__(self, x):
+        xf = x.float().contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        type(self).fn(self.wq, xf, y, self.out_features, self.in_features, x.shape[0])
+        return y if self.act_dtype == torch.float32 else y.to(self.act_dtype)
+
+
+def register_q4_1_matmul(name: str, fn) -> type[LinearKernel]:
+    """Register ``fn`` (q4_1_matmul ABI, see Q41Function) as kernel ``name`` for Q4_1 ops."""
+    cls = type(f"Q41Function_{name}", (Q41Function,), {"name": name, "fn": staticmethod(fn)})
+    return register_kernel(cls)
 
 
 _REGISTRY: dict[str, type[LinearKernel]] = {k.name: k for k in (Dense, Int4Pack, Int4x2)}
