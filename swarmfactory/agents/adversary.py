@@ -24,6 +24,7 @@ SMALL = (1, 2, 3, 5, 6, 10, 13, 18, 34)
 TAILS = (31, 63, 66, 127, 130, 257, 509, 514, 1021, 1030)
 LONG = (2053, 4099, 8191, 10007, 16411)
 EXTRA_DISTS = ("large", "tiny", "constant", "alternating", "uniform")
+RESCALING = ("large", "tiny")
 MAX_ELEMENTS = 4 << 20
 
 
@@ -44,6 +45,9 @@ def well_defined(problem: Problem, case: Case) -> bool:
         if n > MAX_ELEMENTS:
             return False
         out = problem.reference(to_torch(inputs))
+        expected = problem.output_shapes(case.shape)
+        if any(tuple(out[k].shape) != tuple(expected[k]) for k in expected):
+            return False  # the reference does not define this shape the way the ABI does
     except Exception:
         return False
     inputs_finite = all(np.isfinite(v).all() for v in inputs.values()
@@ -62,14 +66,22 @@ class AdversaryAgent:
 
     # -- generation -------------------------------------------------------------------------
     def _dim_values(self, problem: Problem, dim: str) -> list[int]:
+        """Small, tail-heavy and long sizes; for a dim that only ever takes multiples of a step
+        (q4_1's k % 32), the same ideas in units of that step."""
         seen = [s[dim] for s in (*problem.workload, *problem.edge_shapes)]
+        step = math.gcd(*seen)
+        if step > 1:
+            units = {1, 2, 3, 5, 7, 13, 31, 67, 129} | {v // step + d for v in seen for d in (-1, 1)}
+            return sorted(u * step for u in units if u >= 1)
         near = {v + d for v in seen for d in (-2, -1, 1, 2) if v + d >= 1}
         return sorted(set(SMALL) | set(TAILS) | set(LONG) | near | set(seen))
 
     def propose_cases(self, problem: Problem, failures: list[dict], rng: random.Random,
                       known: set[str]) -> list[Case]:
         dims = list(problem.workload[0])
-        dists = list(dict.fromkeys([*problem.dists, *EXTRA_DISTS]))
+        # a distribution that rescales values is only fair where the problem's tolerance allows it
+        extra = [d for d in EXTRA_DISTS if d not in RESCALING or d in problem.dists]
+        dists = list(dict.fromkeys([*problem.dists, *extra]))
         fail_dists = [f["dist"] for f in failures if f.get("dist") in dists]
         fail_shapes = [f["shape"] for f in failures if set(f.get("shape", {})) == set(dims)]
         base = rng.choice(problem.workload)
@@ -80,19 +92,20 @@ class AdversaryAgent:
             r = rng.random()
             shape = dict(rng.choice(fail_shapes) if fail_shapes and r < 0.25 else base)
             family = rng.choice(("one-extreme", "tails", "random", "ones"))
+            values = {d: self._dim_values(problem, d) for d in dims}
             if family == "one-extreme":  # one dim at 1 or very long, the rest at workload size
                 d = rng.choice(dims)
-                shape[d] = rng.choice((1, *LONG[:3]))
+                shape[d] = rng.choice((values[d][0], *values[d][-3:]))
             elif family == "tails":  # non-multiples of vector width / tile in the innermost dims
                 for d in dims[-2:]:
-                    shape[d] = rng.choice(TAILS + SMALL)
+                    shape[d] = rng.choice(values[d][: len(values[d]) * 2 // 3])
             elif family == "ones":
                 for d in dims[:-1]:
-                    shape[d] = 1
-                shape[dims[-1]] = rng.choice(LONG + TAILS)
+                    shape[d] = values[d][0]
+                shape[dims[-1]] = rng.choice(values[dims[-1]][len(values[dims[-1]]) // 2:])
             else:
                 for d in dims:
-                    shape[d] = rng.choice(self._dim_values(problem, d))
+                    shape[d] = rng.choice(values[d])
             dist = rng.choice(fail_dists) if fail_dists and rng.random() < 0.3 else rng.choice(dists)
             case = Case(shape, seed=rng.randrange(1 << 30), dist=dist, origin=self.name)
             if case.key() in known or math.prod(shape.values()) > MAX_ELEMENTS:

@@ -123,7 +123,10 @@ class Harness:
 
     # -- internals ------------------------------------------------------------------------------
     def _worker(self, artifact: Artifact, problem: Problem, which: str) -> Worker:
-        w = Worker(cpus=self.config.cpus(which), mem_gb=self.config.mem_gb)
+        cpus = self.config.cpus(which)
+        # verification runs at least two OpenMP threads, even on one core, so races show
+        threads = max(2, len(cpus)) if which == "verify" else len(cpus)
+        w = Worker(cpus=cpus, mem_gb=self.config.mem_gb, torch_threads=threads)
         try:
             w.request({"op": "load_c", "path": artifact.path, "symbol": problem.name,
                        "args": [(a.name, a.kind, a.dtype) for a in problem.args]},

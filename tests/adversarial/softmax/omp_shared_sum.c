@@ -1,4 +1,4 @@
-/* expect: wrong -- splits each row over OpenMP threads but adds into one shared sum without a reduction: updates are lost (wrong or nondeterministic) */
+/* expect: wrong -- splits each row over OpenMP threads (verification runs at least two) but adds into one shared sum without a reduction: every thread overwrites it with its partial */
 #include <stdint.h>
 #include <math.h>
 void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
@@ -7,7 +7,7 @@ void softmax(const float *x, float *y, int64_t rows, int64_t cols) {
         float *yr = y + r * cols;
         float m = -INFINITY, s = 0.0f;
         for (int64_t c = 0; c < cols; c++) m = xr[c] > m ? xr[c] : m;
-        #pragma omp parallel num_threads(4)
+        #pragma omp parallel
         {
             float part = 0.0f;
             #pragma omp for schedule(static)
