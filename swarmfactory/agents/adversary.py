@@ -93,9 +93,11 @@ class AdversaryAgent:
             shape = dict(rng.choice(fail_shapes) if fail_shapes and r < 0.25 else base)
             family = rng.choice(("one-extreme", "tails", "random", "ones"))
             values = {d: self._dim_values(problem, d) for d in dims}
-            if family == "one-extreme":  # one dim at 1 or very long, the rest at workload size
+            if family == "one-extreme":  # one dim at 1 or beyond its largest seen size, the rest as is
                 d = rng.choice(dims)
-                shape[d] = rng.choice((values[d][0], *values[d][-3:]))
+                top = max(s[d] for s in (*problem.workload, *problem.edge_shapes))
+                beyond = [v for v in values[d] if v > top][:5] or values[d][-3:]
+                shape[d] = rng.choice((values[d][0], *beyond))
             elif family == "tails":  # non-multiples of vector width / tile in the innermost dims
                 for d in dims[-2:]:
                     shape[d] = rng.choice(values[d][: len(values[d]) * 2 // 3])
