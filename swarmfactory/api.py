@@ -50,35 +50,18 @@ def reverify_retained(problem: Problem, store: Store, config: HarnessConfig | No
     """Re-verify every candidate that was once correct on this hardware against today's cases.
     Failures are recorded (purpose ``reverify``); a failing champion is dethroned and the best
     candidate that still passes takes its place."""
+    from swarmfactory.swarm.succession import reverify_and_succeed
+
     cases, vversion = validation_set(problem, store)
     best: dict[str, float] = {}
     for ev in store.evaluations(problem=problem.name, this_hardware=True):
         if ev["problem_spec"] == problem.spec_hash() and ev["outcome"] in ("faster", "not_faster"):
             best[ev["candidate_id"]] = max(best.get(ev["candidate_id"], 0.0), ev["speedup"] or 0.0)
     harness = Harness(config, store=store)
-    rows = []
     try:
-        for cid in sorted(best, key=best.get, reverse=True):
-            cand = store.candidate(cid)
-            prep = harness.prepare(problem, cand["source"], cases)
-            row = {"candidate_id": cid, "agent": cand["agent"], "speedup": best[cid],
-                   "passes": prep.rejected is None, "outcome": None, "detail": None}
-            if prep.rejected is not None:
-                verdict = harness.rejected_verdict(prep)
-                record(store, problem, cand, verdict, None, vversion, "reverify")
-                row.update(outcome=verdict.outcome.value, detail=verdict.detail)
-            rows.append(row)
+        res = reverify_and_succeed(store, harness, problem, cases, vversion,
+                                   sorted(best.items(), key=lambda r: r[1], reverse=True), check_all=True)
     finally:
         harness.close()
-    change = None
-    champ = store.champion(problem)
-    if champ is not None and not next((r["passes"] for r in rows if r["candidate_id"] == champ["candidate_id"]), True):
-        successor = next((r for r in rows if r["passes"]), None)
-        store.set_champion(problem, None, None, None, None, f"dethroned {champ['candidate_id']} at re-verification")
-        change = f"champion {champ['candidate_id']} dethroned"
-        if successor:
-            store.set_champion(problem, successor["candidate_id"], None, successor["speedup"], None,
-                               f"replaces dethroned {champ['candidate_id']}: passes validation set {vversion}")
-            change += f"; {successor['candidate_id']} ({successor['speedup']:.2f}x) takes its place"
-    return {"problem": problem.name, "validation_version": vversion, "candidates": rows,
-            "champion_change": change}
+    return {"problem": problem.name, "validation_version": vversion, "candidates": res["rows"],
+            "champion_change": res["change"]}

@@ -29,6 +29,7 @@ from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
 from swarmfactory.swarm.executors import Executor, LocalExecutor
+from swarmfactory.swarm.succession import reverify_and_succeed
 from swarmfactory.validation import validation_set
 
 
@@ -351,30 +352,19 @@ class Coordinator:
         """The validation set grew: re-verify the champion; a failing one is dethroned and the next
         correct candidate that passes today's cases takes its place."""
         st.cases, st.vversion = validation_set(st.problem, self.store)
-        champ = self.store.champion(st.problem)
-        if champ is None:
+        if self.store.champion(st.problem) is None:
             return
-        ranked = sorted((e for e in st.entries if e.correct and e.speedup), key=lambda e: e.speedup, reverse=True)
-        order = [champ["candidate_id"]] + [e.candidate_id for e in ranked if e.candidate_id != champ["candidate_id"]]
-        for rank, cid in enumerate(dict.fromkeys(order)):
-            cand = self.store.candidate(cid)
-            prep = self.harness.prepare(st.problem, cand["source"], st.cases)
-            if prep.rejected is None:
-                if rank:
-                    best = max(e.speedup for e in ranked if e.candidate_id == cid)
-                    self.store.set_champion(st.problem, cid, None, best, self.run_id,
-                                            f"replaces dethroned {champ['candidate_id']}: passes validation set {st.vversion}")
-                    st.champion = next(e for e in ranked if e.candidate_id == cid)
-                return
-            verdict = self.harness.rejected_verdict(prep)
-            record(self.store, st.problem, cand, verdict, self.run_id, st.vversion, "reverify")
-            for e in st.entries:
-                if e.candidate_id == cid:
-                    e.outcome = verdict.outcome.value
-            if rank == 0:
-                self.store.set_champion(st.problem, None, None, None, self.run_id,
-                                        f"dethroned {cid}: {verdict.outcome.value} on validation set {st.vversion}")
-                st.champion = None
+        best: dict[str, float] = {}
+        for e in st.entries:
+            if e.correct and e.speedup:
+                best[e.candidate_id] = max(best.get(e.candidate_id, 0.0), e.speedup)
+        res = reverify_and_succeed(self.store, self.harness, st.problem, st.cases, st.vversion,
+                                   sorted(best.items(), key=lambda r: r[1], reverse=True), self.run_id)
+        failed = {r["candidate_id"]: r["outcome"] for r in res["rows"] if not r["passes"]}
+        for e in st.entries:
+            if e.candidate_id in failed:
+                e.outcome = failed[e.candidate_id]
+        st.champion = next((e for e in st.entries if e.candidate_id == res["champion"] and e.correct), None)
 
     def _remeasure(self, states: dict[str, ProblemState]) -> None:
         """Champions are re-measured (and re-verified) before they are announced."""
