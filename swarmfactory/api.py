@@ -65,3 +65,15 @@ def reverify_retained(problem: Problem, store: Store, config: HarnessConfig | No
         harness.close()
     return {"problem": problem.name, "validation_version": vversion, "candidates": res["rows"],
             "champion_change": res["change"]}
+
+
+def run(problems: str = "all", store: str | Store | None = None, **config) -> dict[str, Any]:
+    """Run the swarm (keyword arguments are ``RunConfig`` fields, e.g. ``budget=50``,
+    ``time_s=600``, ``agents="default,adversary"``); returns the run's summary."""
+    from swarmfactory.config import RunConfig
+    from swarmfactory.swarm.coordinator import Coordinator
+    from swarmfactory.swarm.summary import summarize
+
+    store = store if isinstance(store, Store) else Store(store)
+    run_id = Coordinator(RunConfig.build(problems=problems, **config), store).run()
+    return summarize(store, run_id)
