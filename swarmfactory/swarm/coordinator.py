@@ -158,6 +158,9 @@ class Coordinator:
             self.store.set_run_status(self.run_id, "running")
             elapsed = self._elapsed_before()
             self._replay_bandit()
+        own_cpus = os.sched_getaffinity(0)
+        if self.harness.config.verify_cpus:  # builds and references stay off the measurement CPU
+            os.sched_setaffinity(0, self.harness.config.verify_cpus)
         self._start_llm_agents()
         for agent in self.agents.values():
             if hasattr(agent, "bind"):
@@ -210,6 +213,7 @@ class Coordinator:
         finally:
             self.progress.stop()
             self._stop_llm_agents()
+            os.sched_setaffinity(0, own_cpus)
             self.store.set_run_status(self.run_id, status)
             if status == "finished":
                 self.executor.shutdown()
