@@ -18,7 +18,6 @@ import glob
 import json
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
@@ -66,7 +65,7 @@ def build_llama_server(peers: Path, jobs: int) -> Path:
          "-DLLAMA_BUILD_TESTS=OFF"], cwd=llama)
     run(["cmake", "--build", "build", "--target", "llama-server", "-j", str(jobs)], cwd=llama)
     built = next(Path(p) for p in glob.glob(str(llama / "build" / "bin" / "llama-server")))
-    shutil.copy2(built, binary)
+    binary.symlink_to(built.relative_to(peers))  # the binary finds its shared libraries by rpath
     (peers / "llama-server.version").write_text(Path(sdist).name + "\n")
     return binary
 

@@ -19,6 +19,11 @@ WeightFormat = Literal["fp32", "bf16", "q4_1"]
 # The linear layers of a Llama block plus the output head; each runs one kernel (kernels.py).
 OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 
+# Rows above which torch's int4 kernel loses to a dense bf16 matmul, per op, measured on a
+# 2-core Zen 4 (AVX-512 BF16): the int4 kernel's cost grows linearly with rows, while the
+# dense matmul is bound by reading 4x more weight bytes until it becomes compute-bound.
+DEFAULT_DENSE_ABOVE = {"qkv": 24, "o": 32, "gate_up": 20, "down": 12, "lm_head": 6}
+
 
 class ConfigError(ValueError):
     """A config could not be built; the message says which key and why."""
@@ -36,8 +41,11 @@ class EngineConfig(BaseModel):
       split, so running sequences keep decoding while a long prompt is read.
     - ``kernels``: op -> kernel name for ops in ``OPS``; ops not named use the format's default
       (see ``kernels.default_kernel``). Names come from the kernel registry.
-    - ``dense_above``: q4_1 only; steps with more tokens than this run the dense bf16 copy of
-      the weights (faster when compute-bound, e.g. prefill). 0 disables the dense copy.
+    - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
+      fp32 is much cheaper per call than in bf16, which dominates decode attention here.
+    - ``dense_above``: q4_1 only; op -> rows. A call of that op with more rows (tokens in the
+      step; logit rows for lm_head) runs a dense bf16 copy of the weight instead of the op's
+      kernel (faster once compute-bound, e.g. prefill). Ops not listed keep no dense copy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -49,14 +57,17 @@ class EngineConfig(BaseModel):
     max_seq_len: int = Field(default=2048, ge=16)
     prefill_chunk: int = Field(default=256, ge=16)
     kernels: dict[str, str] = Field(default_factory=dict)
-    dense_above: int = Field(default=32, ge=0)
+    kv_dtype: Literal["fp32", "bf16"] = "fp32"
+    dense_above: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_DENSE_ABOVE))
 
-    @field_validator("kernels")
+    @field_validator("kernels", "dense_above")
     @classmethod
-    def _known_ops(cls, v: dict[str, str]) -> dict[str, str]:
-        for op in v:
+    def _known_ops(cls, v: dict, info) -> dict:
+        for op, val in v.items():
             if op not in OPS:
-                raise ValueError(f"unknown op {op!r} in kernels (known: {', '.join(OPS)})")
+                raise ValueError(f"unknown op {op!r} in {info.field_name} (known: {', '.join(OPS)})")
+            if info.field_name == "dense_above" and val < 0:
+                raise ValueError(f"dense_above[{op!r}] must be >= 0")
         return v
 
     def resolved_threads(self) -> int:

@@ -9,7 +9,7 @@ import torch
 
 from .config import EngineConfig
 from .gguf_loader import load_gguf, resolve_model_path
-from .model import Llama, PrefillChunk, StepInput
+from .model import Llama, PrefillChunk, StepInput, offset_causal_mask
 from .model_runner import ModelRunner
 from .sampler import sample
 from .scheduler import Scheduler
@@ -133,8 +133,10 @@ class Engine:
                     tokens=torch.tensor(chunk, dtype=torch.long),
                     positions=torch.arange(start, start + n),
                     slots=torch.full((n,), slot, dtype=torch.long),
-                    n_decode=0, decode_slots=None, decode_range=None, decode_len=0, decode_mask=None,
-                    prefills=[PrefillChunk(row=0, n=n, slot=slot, start=start)], logit_rows=None,
+                    n_decode=0, decode_slots=None, decode_range=None, decode_len=0, decode_bias=None,
+                    prefills=[PrefillChunk(row=0, n=n, slot=slot, start=start,
+                                           mask=offset_causal_mask(n, start) if start else None)],
+                    logit_rows=None,
                 )
                 out.append(self.model.forward(step, self.kv))
         finally:

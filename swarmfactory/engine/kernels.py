@@ -219,10 +219,10 @@ class Linear:
 
 
 def build_linear(weights: str, op: str, weight: Weight, act_dtype: torch.dtype, name: str | None,
-                 dense_above: int) -> Linear:
+                 dense_above: int | None) -> Linear:
     kname = name or default_kernel(weights, op, weight)
     kernel = kernel_class(kname)(weight, act_dtype)
     dense = None
-    if weights == "q4_1" and dense_above > 0 and kname != "dense":
+    if weights == "q4_1" and dense_above is not None and kname != "dense":
         dense = Dense(weight, act_dtype)
-    return Linear(kernel, dense, dense_above)
+    return Linear(kernel, dense, dense_above or 0)

@@ -24,6 +24,7 @@ class PrefillChunk:
     n: int  # tokens in the chunk
     slot: int
     start: int  # position of the chunk's first token
+    mask: torch.Tensor | None = None  # [n, start + n] bool when start > 0 (see offset_causal_mask)
 
 
 @dataclass
@@ -37,7 +38,7 @@ class StepInput:
     decode_slots: torch.Tensor | None  # [B]
     decode_range: tuple[int, int] | None  # (first, last + 1) when decode slots are contiguous
     decode_len: int  # longest context among decode rows (after this step's token)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, decode_len] bool, None when all lengths equal
+    decode_bias: torch.Tensor | None  # [B, 1, 1, decode_len]: 0 or -inf, None when all lengths equal
     prefills: list[PrefillChunk] = field(default_factory=list)
     logit_rows: torch.Tensor | None = None  # rows whose next-token logits are wanted
 
@@ -55,15 +56,17 @@ class Llama:
         hp = gg.hparams
         self.hp = hp
         self.dtype = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
+        self.kv_dtype = torch.float32 if cfg.kv_dtype == "fp32" else torch.bfloat16
         self.n_heads, self.n_kv, self.hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
         self.group = hp.n_heads // hp.n_kv_heads
         self.eps = hp.norm_eps
+        self.scale = 1.0 / self.hd**0.5
         kernels = cfg.kernels
         dt = self.dtype
 
         def lin(op: str, *names: str) -> Linear:
             w = Weight([gg.tensor(n) for n in names])
-            return build_linear(cfg.weights, op, w, dt, kernels.get(op), cfg.dense_above)
+            return build_linear(cfg.weights, op, w, dt, kernels.get(op), cfg.dense_above.get(op))
 
         def vec(name: str) -> torch.Tensor:
             return gg.tensor(name).dequantize().reshape(-1).to(dt)
@@ -94,12 +97,13 @@ class Llama:
         emb = torch.cat([freqs, freqs], dim=-1)
         half = self.hd // 2
         sin = emb.sin()
-        # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one roll instead of a cat.
+        # rotate_half(x) * sin == [x_hi, x_lo] * [-sin_lo, sin_hi]: the sign lives in the table.
         self.cos = emb.cos().to(dt)
+        self._zero = torch.zeros(1, 1, 1, dtype=self.kv_dtype)  # baddbmm's ignored input (beta=0)
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dt)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
-        return KVCache(self.hp.n_layers, slots, self.n_kv, max_seq_len, self.hd, self.dtype)
+        return KVCache(self.hp.n_layers, slots, self.n_kv, max_seq_len, self.hd, self.kv_dtype)
 
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[N, H + 2KV, D] cos and signed-sin for every head of the fused q|k|v output.
@@ -116,6 +120,25 @@ class Llama:
         sn[:, : H + KV] = sin
         return c, sn
 
+    def _decode_attention(self, q: torch.Tensor, cache: torch.Tensor, s: StepInput) -> torch.Tensor:
+        """One query token per sequence against its cached keys: [B, H, D] -> [B, H * D].
+
+        Plain bmm + softmax: at one query row per head, SDPA's flash kernel costs 2-3x more on
+        CPU. The G query heads sharing a kv head form the rows of one small matmul.
+        """
+        B, KV, G, D, L = q.shape[0], self.n_kv, self.group, self.hd, s.decode_len
+        if s.decode_range is not None:
+            a, b = s.decode_range
+            k, v = cache[0, a:b, :, :L], cache[1, a:b, :, :L]
+        else:
+            k, v = cache[0, s.decode_slots, :, :L], cache[1, s.decode_slots, :, :L]
+        k, v = k.reshape(B * KV, L, D), v.reshape(B * KV, L, D)  # views when slots are a range
+        scores = torch.baddbmm(self._zero, q.reshape(B * KV, G, D), k.transpose(1, 2), beta=0.0,
+                               alpha=self.scale)
+        if s.decode_bias is not None:
+            scores.view(B, KV, G, L).add_(s.decode_bias)
+        return torch.bmm(torch.softmax(scores, dim=-1), v).view(B, KV * G * D)
+
     @torch.inference_mode()
     def forward(self, s: StepInput, kv: KVCache) -> torch.Tensor:
         """Returns fp32 logits [len(logit_rows), vocab]."""
@@ -124,32 +147,32 @@ class Llama:
         heads, half, eps = H + 2 * KV, self.hd // 2, self.eps
         cos, sin = self._rope_tables(s.positions)
         nd = s.n_decode
+        cast = self.kv_dtype != self.dtype  # attention runs in the cache's dtype
         x = F.embedding(s.tokens, self.embed)
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, eps)
             qkv = L.qkv(h).view(n, heads, D)
-            qkv = torch.addcmul(qkv * cos, qkv.roll(half, -1), sin)
-            cache = kv.kv[li]  # [slots, 2KV, max_len, D]: k heads then v heads
-            cache[s.slots, :, s.positions] = qkv[:, H:]
+            rot = torch.cat([qkv[..., half:], qkv[..., :half]], dim=-1)  # cheaper than roll
+            qkv = torch.addcmul(qkv * cos, rot, sin)
+            if cast:
+                qkv = qkv.to(self.kv_dtype)
+            cache = kv.kv[li]  # [2, slots, KV, max_len, D]
+            cache[:, s.slots, :, s.positions] = qkv[:, H:].view(n, 2, KV, D)
             outs = []
             if nd:
-                q = qkv[:nd, :H].view(nd, KV, G, D)
-                if s.decode_range is not None:
-                    c = cache[s.decode_range[0] : s.decode_range[1], :, : s.decode_len]
-                else:
-                    c = cache[s.decode_slots, :, : s.decode_len]
-                o = F.scaled_dot_product_attention(q, c[:, :KV], c[:, KV:], attn_mask=s.decode_mask)
-                outs.append(o.reshape(nd, H * D))
+                outs.append(self._decode_attention(qkv[:nd, :H], cache, s))
             for ch in s.prefills:
                 q = qkv[ch.row : ch.row + ch.n, :H].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-                c = cache[ch.slot : ch.slot + 1, :, : ch.start + ch.n]
+                end = ch.start + ch.n
+                k, v = cache[0, ch.slot : ch.slot + 1, :, :end], cache[1, ch.slot : ch.slot + 1, :, :end]
                 if ch.start == 0:
-                    o = F.scaled_dot_product_attention(q, c[:, :KV], c[:, KV:], is_causal=True, enable_gqa=True)
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
                 else:
-                    mask = _offset_causal_mask(ch.n, ch.start)
-                    o = F.scaled_dot_product_attention(q, c[:, :KV], c[:, KV:], attn_mask=mask, enable_gqa=True)
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=ch.mask, enable_gqa=True)
                 outs.append(o.squeeze(0).transpose(0, 1).reshape(ch.n, H * D))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+            if cast:
+                attn = attn.to(self.dtype)
             x = x + L.o(attn)
             h = rms_norm(x, L.ffn_norm, eps)
             gu = L.gate_up(h)
@@ -173,6 +196,6 @@ def rms_norm(x: torch.Tensor, w2: torch.Tensor, eps: float) -> torch.Tensor:
     return F.layer_norm(torch.cat([x, -x], dim=-1), (2 * d,), w2, None, eps)[:, :d].contiguous()
 
 
-def _offset_causal_mask(n: int, start: int) -> torch.Tensor:
+def offset_causal_mask(n: int, start: int) -> torch.Tensor:
     """[n, start + n] bool: query i (at position start + i) sees keys 0..start + i."""
     return torch.arange(start + n)[None, :] <= (torch.arange(n)[:, None] + start)

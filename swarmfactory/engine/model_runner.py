@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .kv_cache import KVCache
-from .model import Llama, PrefillChunk, StepInput
+from .model import Llama, PrefillChunk, StepInput, offset_causal_mask
 from .scheduler import Scheduled
 from .sequence import Sequence
 
@@ -37,16 +37,19 @@ class ModelRunner:
             tokens.extend(s.prompt_ids[s.n_cached : s.n_cached + n])
             positions.extend(range(s.n_cached, s.n_cached + n))
             slots.extend([s.slot] * n)
-            chunks.append(PrefillChunk(row=row, n=n, slot=s.slot, start=s.n_cached))
+            mask = offset_causal_mask(n, s.n_cached) if s.n_cached else None
+            chunks.append(PrefillChunk(row=row, n=n, slot=s.slot, start=s.n_cached, mask=mask))
             if s.n_cached + n == len(s.prompt_ids):
                 rows.append(row + n - 1)
                 wants.append(s)
         dslots = [s.slot for s in dec]
         contiguous = bool(dslots) and dslots == list(range(dslots[0], dslots[0] + len(dslots)))
-        mask = None
+        bias = None
         dlen = max(lens, default=0)
         if lens and min(lens) != dlen:
-            mask = (torch.arange(dlen)[None, :] < torch.tensor(lens)[:, None]).view(len(lens), 1, 1, dlen)
+            pad = torch.arange(dlen)[None, :] >= torch.tensor(lens)[:, None]
+            bias = torch.zeros(len(lens), dlen, dtype=self.model.dtype).masked_fill_(pad, float("-inf"))
+            bias = bias.view(len(lens), 1, 1, dlen)
         n_rows = len(tokens)
         step = StepInput(
             tokens=torch.tensor(tokens, dtype=torch.long),
@@ -56,7 +59,7 @@ class ModelRunner:
             decode_slots=None if contiguous or not dslots else torch.tensor(dslots, dtype=torch.long),
             decode_range=(dslots[0], dslots[-1] + 1) if contiguous else None,
             decode_len=dlen,
-            decode_mask=mask,
+            decode_bias=bias,
             prefills=chunks,
             logit_rows=None if rows == list(range(n_rows)) else torch.tensor(rows, dtype=torch.long),
         )

@@ -25,11 +25,13 @@ _engines: dict = {}
 
 
 def get_engine(weights: str, **kw):
-    """Engines are expensive to build; share one per (format, options) across the session."""
+    """Engines are expensive to build; share one per (format, options) across the session.
+    Mapping options (kernels, dense_above) are passed as tuples of (key, value) pairs."""
     from swarmfactory.engine import Engine, EngineConfig
 
     key = (weights, tuple(sorted(kw.items())))
     if key not in _engines:
+        kw = {k: dict(v) if isinstance(v, tuple) else v for k, v in kw.items()}
         opts = {"max_batch": 8, "max_seq_len": 1024, "threads": THREADS, **kw}
         _engines[key] = Engine(EngineConfig(weights=weights, **opts))
     return _engines[key]

@@ -44,7 +44,7 @@ def _build(kernels):
 
 
 def test_factory_abi_kernel_runs_per_op_and_matches_int4(fp32_engine):
-    ref = get_engine("q4_1", dense_above=0)
+    ref = get_engine("q4_1", dense_above=())
     plugged = _build({"down": "test_q4_1_reference", "o": "test_q4_1_reference"})
     before = calls["n"]
     prompt = "The quick brown fox"

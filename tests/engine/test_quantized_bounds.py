@@ -31,7 +31,7 @@ def fp32_logits(fp32_engine, ppl_ids):
 
 @pytest.mark.parametrize("weights,opts", [
     ("bf16", {}),
-    ("q4_1", {"dense_above": 0}),  # every matmul on the int4 kernel
+    ("q4_1", {"dense_above": ()}),  # every matmul on the int4 kernel
     ("q4_1", {}),  # default: prefill-sized steps on the dense bf16 copy
 ], ids=["bf16", "q4_1-int4", "q4_1-default"])
 def test_logit_and_perplexity_bounds(weights, opts, fp32_logits, ppl_ids):
