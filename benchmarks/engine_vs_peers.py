@@ -107,12 +107,15 @@ class Proc:
 
 
 def sweep(url: str, levels: list[int], args) -> list[dict]:
+    """One bench level at a time; records the 1-minute load average so a run disturbed by
+    other work on the machine shows in the results."""
     out = []
     for i, c in enumerate(levels):
         n = args.num_prompts or max(8, 2 * c)
         res = bench_sync(url, [c], input_len=args.input_len, output_len=args.output_len, num_prompts=n,
                          seed=args.seed + 100 * i, warmup=2 if i == 0 else 1)
         lv = res["levels"][0]
+        lv["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
         log(f"  c={c}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
             f"TPOT {lv['tpot_ms_median']:.1f} ms  errors {lv['errors']}")
         out.append(lv)
@@ -141,6 +144,7 @@ def bench_hf(gguf: Path, levels: list[int], args) -> list[dict]:
             total = time.perf_counter() - t0
             lv = {"concurrency": b, "output_tok_s": b * args.output_len / total, "ttft_ms_median": ttft * 1e3,
                   "tpot_ms_median": (total - ttft) / (args.output_len - 1) * 1e3, "errors": 0,
+                  "loadavg_1m_after": round(os.getloadavg()[0], 2),
                   "note": "batch of b prompts in one generate() call"}
             log(f"  b={b}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
                 f"TPOT {lv['tpot_ms_median']:.1f} ms")
@@ -213,8 +217,8 @@ def main() -> int:
 
 
 def table(results: dict, levels: list[int]) -> str:
-    head = "| system | " + " | ".join(f"c={c} tok/s | TTFT ms | TPOT ms" for c in levels) + " |"
-    sep = "|---|" + "---|---|---|" * len(levels)
+    head = "| system | " + " | ".join(f"c={c} tok/s | TTFT ms | TPOT ms" for c in levels) + " | max load |"
+    sep = "|---|" + "---|---|---|" * len(levels) + "---|"
     rows = [head, sep]
     for name, lvs in results["systems"].items():
         by = {lv["concurrency"]: lv for lv in lvs}
@@ -223,7 +227,8 @@ def table(results: dict, levels: list[int]) -> str:
             lv = by.get(c)
             cells.append("n/a | n/a | n/a" if lv is None else
                          f"{lv['output_tok_s']:.1f} | {lv['ttft_ms_median']:.0f} | {lv['tpot_ms_median']:.1f}")
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        load = max((lv.get("loadavg_1m_after", 0) for lv in lvs), default=0)
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {load:.1f} |")
     return "\n".join(rows)
 
 

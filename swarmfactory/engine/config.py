@@ -22,7 +22,7 @@ OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 # Rows above which torch's int4 kernel loses to a dense bf16 matmul, per op, measured on a
 # 2-core Zen 4 (AVX-512 BF16): the int4 kernel's cost grows linearly with rows, while the
 # dense matmul is bound by reading 4x more weight bytes until it becomes compute-bound.
-DEFAULT_DENSE_ABOVE = {"qkv": 24, "o": 32, "gate_up": 20, "down": 12, "lm_head": 6}
+DEFAULT_DENSE_ABOVE = {"qkv": 8, "o": 8, "gate_up": 12, "down": 8, "lm_head": 3}
 
 
 class ConfigError(ValueError):
