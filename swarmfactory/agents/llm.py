@@ -10,6 +10,7 @@ that failed to build or verify is sent back once with its error (the repair loop
 from __future__ import annotations
 
 import inspect
+import re
 import textwrap
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,6 +54,8 @@ class LLMAgent(Agent):
         self.repaired: set[str] = set()      # failed candidates already sent back once
         self.repairs: set[str] = set()       # candidates that are themselves repairs
         self.capped = False                  # stopped: cost cap or repeated fatal errors
+        self.compact = False                 # the endpoint's context is small: shorter prompts
+        self.context_tokens: int | None = None
         self.failures = 0                    # consecutive failed calls
         self.fatal = 0                       # consecutive unrecoverable ones
         self.store, self.run_id = None, None
@@ -84,8 +87,9 @@ class LLMAgent(Agent):
         if failed is not None and self.store is not None:
             cand = self.store.candidate(failed.candidate_id)
             self.repaired.add(failed.candidate_id)
-            user = render_prompt("repair.md.j2", problem=p, reference_source=reference_source(p),
-                                 outcome=failed.outcome, source=cand["source"], detail=failed.detail[:3000])
+            user = render_prompt("repair.md.j2", problem=p, reference_source=self._reference(p),
+                                 outcome=failed.outcome, source=self._clip(cand["source"]),
+                                 detail=failed.detail[:800 if self.compact else 3000])
             return ([{"role": "system", "content": system}, {"role": "user", "content": user}],
                     failed, cand["source"], "repair", p)
         parent = board.champion or next(iter(board.elites(1)), None)
@@ -95,14 +99,29 @@ class LLMAgent(Agent):
             parent_src = cand["source"] if cand else None
         if parent_src is None and p.template is not None:
             parent_src, parent = p.render(), None
-        user = render_prompt("rewrite.md.j2", problem=p, reference_source=reference_source(p),
+        user = render_prompt("rewrite.md.j2", problem=p, reference_source=self._reference(p),
                              workload=self._workload(board), champion=board.champion,
-                             lessons=board.lessons[:8], parent_source=parent_src or "/* none yet */",
+                             lessons=board.lessons[:2 if self.compact else 8],
+                             parent_source=self._clip(parent_src) if parent_src else "/* none yet */",
                              parent_outcome=parent.outcome if parent else "template default",
                              parent_speedup=f"{parent.speedup:.2f}" if parent and parent.speedup else None,
                              parent_detail=parent.detail[:1500] if parent else None)
         return ([{"role": "system", "content": system}, {"role": "user", "content": user}],
                 parent, parent_src, "rewrite", p)
+
+    def _max_tokens(self, messages) -> int:
+        """Within a known context: what the prompt leaves (about 3 characters a token)."""
+        if not self.context_tokens:
+            return self.max_tokens
+        prompt = sum(len(m["content"]) for m in messages) // 3 + 32
+        return max(64, min(self.max_tokens, self.context_tokens - prompt))
+
+    def _reference(self, problem) -> str:
+        return f"# {problem.description}" if self.compact else reference_source(problem)
+
+    def _clip(self, source: str) -> str:
+        limit = 1800 if self.compact else 20000
+        return source if len(source) <= limit else source[:limit] + "\n/* ... truncated ... */\n"
 
     def _to_repair(self, board: Board) -> Entry | None:
         for e in reversed(board.entries):
@@ -127,7 +146,7 @@ class LLMAgent(Agent):
         if self.failures:
             time.sleep(min(BACKOFF_CAP_S, 0.5 * 2 ** self.failures))
         try:
-            text, usage = self.client.chat(messages, self.max_tokens, self.temperature)
+            text, usage = self.client.chat(messages, self._max_tokens(messages), self.temperature)
             try:
                 source, how = extract_source(text, parent_src, problem.name)
                 gen = (parent.generation + 1) if parent else 0
@@ -143,7 +162,12 @@ class LLMAgent(Agent):
             status, usage = "cost_cap", {"error": str(exc)}
         except LLMError as exc:
             status, usage = exc.kind, {"error": str(exc)}
-            if exc.kind in ("http_fatal", "config"):
+            if exc.kind == "context_overflow" and not self.compact:
+                self.compact = True  # from now on: no reference source, a shorter parent
+                m = re.search(r"context length[^(\d]*\(?(\d+)", str(exc))
+                self.context_tokens = int(m.group(1)) if m else None
+                usage["error"] += " (switching to compact prompts)"
+            elif exc.kind in ("http_fatal", "config", "context_overflow"):
                 self.fatal += 1
                 if self.fatal >= MAX_FATAL:
                     self.capped = True

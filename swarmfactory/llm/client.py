@@ -99,7 +99,8 @@ class ChatClient:
                         raise LLMError("http", f"HTTP {r.status_code}: {r.text[:200]}")
                     if r.status_code >= 400:  # a client error will not improve by retrying
                         self._account(0, 0, time.monotonic() - t0, failed=True)
-                        raise LLMError("http_fatal", f"HTTP {r.status_code}: {r.text[:300]}")
+                        kind = "context_overflow" if "context" in r.text.lower() else "http_fatal"
+                        raise LLMError(kind, f"HTTP {r.status_code}: {r.text[:300]}")
                     data = r.json()
                     text = data["choices"][0]["message"].get("content") or ""
                     u = data.get("usage") or {}
@@ -107,7 +108,7 @@ class ChatClient:
                                          time.monotonic() - t0)
                     return text, call
                 except LLMError as exc:
-                    if exc.kind == "http_fatal":
+                    if exc.kind in ("http_fatal", "context_overflow"):
                         raise
                     last = exc
                 except httpx.TimeoutException:

@@ -35,7 +35,7 @@ class ReplayServer:
                     time.sleep(item["sleep"])
                 status = item.get("status", 200)
                 if status != 200:
-                    payload = json.dumps({"error": {"message": "scripted failure"}}).encode()
+                    payload = json.dumps({"error": {"message": item.get("error", "scripted failure")}}).encode()
                 else:
                     text = item.get("content", "")
                     payload = json.dumps({
