@@ -56,6 +56,7 @@ class LLMAgent(Agent):
         self.capped = False                  # stopped: cost cap or repeated fatal errors
         self.compact = False                 # the endpoint's context is small: shorter prompts
         self.context_tokens: int | None = None
+        self.chars_per_token = 3.0
         self.failures = 0                    # consecutive failed calls
         self.fatal = 0                       # consecutive unrecoverable ones
         self.store, self.run_id = None, None
@@ -109,12 +110,22 @@ class LLMAgent(Agent):
         return ([{"role": "system", "content": system}, {"role": "user", "content": user}],
                 parent, parent_src, "rewrite", p)
 
+    def _learn_context(self, error: str, messages) -> None:
+        """From "prompt (N tokens) ... context length ... (C tokens)": the endpoint's context and
+        this tokenizer's characters per token, to size later requests."""
+        ctx = re.search(r"context length[^(\d]*\(?(\d+)", error)
+        prompt = re.search(r"prompt \((\d+) tokens", error)
+        if ctx:
+            self.context_tokens = int(ctx.group(1))
+        if prompt and int(prompt.group(1)) > 0:
+            self.chars_per_token = sum(len(m["content"]) for m in messages) / int(prompt.group(1))
+
     def _max_tokens(self, messages) -> int:
-        """Within a known context: what the prompt leaves (about 3 characters a token)."""
+        """Within a known context: what the prompt leaves, with a margin."""
         if not self.context_tokens:
             return self.max_tokens
-        prompt = sum(len(m["content"]) for m in messages) // 3 + 32
-        return max(64, min(self.max_tokens, self.context_tokens - prompt))
+        prompt = sum(len(m["content"]) for m in messages) / self.chars_per_token * 1.1 + 32
+        return max(64, min(self.max_tokens, int(self.context_tokens - prompt)))
 
     def _reference(self, problem) -> str:
         return f"# {problem.description}" if self.compact else reference_source(problem)
@@ -162,10 +173,10 @@ class LLMAgent(Agent):
             status, usage = "cost_cap", {"error": str(exc)}
         except LLMError as exc:
             status, usage = exc.kind, {"error": str(exc)}
+            if exc.kind == "context_overflow":
+                self._learn_context(str(exc), messages)
             if exc.kind == "context_overflow" and not self.compact:
                 self.compact = True  # from now on: no reference source, a shorter parent
-                m = re.search(r"context length[^(\d]*\(?(\d+)", str(exc))
-                self.context_tokens = int(m.group(1)) if m else None
                 usage["error"] += " (switching to compact prompts)"
             elif exc.kind in ("http_fatal", "config", "context_overflow"):
                 self.fatal += 1
@@ -174,10 +185,8 @@ class LLMAgent(Agent):
                     usage["error"] += f" (stopping this agent after {MAX_FATAL} such errors in a row)"
         except Exception as exc:  # never let a model call take the run down
             status, usage = "error", {"error": f"{type(exc).__name__}: {exc}"}
-        if status in ("ok", "empty", "parse_error", "apply_error"):
-            self.failures = 0
-            if status == "ok":
-                self.fatal = 0
+        if status in ("ok", "empty", "parse_error", "apply_error"):  # the endpoint answered
+            self.failures = self.fatal = 0
         else:
             self.failures += 1
         self._record(problem.name, operator, status, raw, usage, parent)

@@ -96,19 +96,27 @@ def test_llm_agent_survives_bad_answers_and_repairs_once(tmp_path, monkeypatch):
 
 
 def test_a_small_context_switches_the_agent_to_compact_prompts(tmp_path):
-    overflow = {"status": 400, "error": "prompt (3055 tokens) + max_tokens (1500) exceeds the context "
-                                        "length of this engine (2048 tokens)"}
+    seen = []
+
+    def route(body):  # a 2048-token endpoint whose tokenizer makes 3 characters a token
+        tokens = sum(len(m["content"]) for m in body["messages"]) // 3
+        seen.append((tokens, body["max_tokens"]))
+        if tokens + body["max_tokens"] > 2048:
+            return {"status": 400, "error": f"prompt ({tokens} tokens) + max_tokens ({body['max_tokens']}) "
+                                            "exceeds the context length of this engine (2048 tokens)"}
+        return {"content": fenced(GOOD)}
+
     store = Store(str(tmp_path / "e.db"))
-    with ReplayServer([overflow, {"content": fenced(GOOD)}]) as srv:
+    with ReplayServer([{"content": ""}], route=route) as srv:
         cfg = RunConfig.build(problems="rmsnorm", budget=1, time_s=60, agents="llm", llm=srv.url,
                               llm_model="replay", **FAST)
         run_id = Coordinator(cfg, store).run()
         first, second = srv.requests[0]["body"], srv.requests[1]["body"]
     statuses = [c["status"] for c in store.llm_calls(run_id)]
-    assert statuses[0] == "context_overflow" and "ok" in statuses
+    assert statuses[0] == "context_overflow" and statuses[1] == "ok", statuses
     assert "def reference" in first["messages"][1]["content"]
     assert "def reference" not in second["messages"][1]["content"]
-    assert second["max_tokens"] < 2048 - len("".join(m["content"] for m in second["messages"])) // 4
+    assert seen[1][0] + seen[1][1] <= 2048 < seen[0][0] + seen[0][1]
     assert len([e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]) == 1
 
 
