@@ -133,14 +133,16 @@ def bench_hf(gguf: Path, levels: list[int], args) -> list[dict]:
     out = []
     with torch.inference_mode():
         warm = torch.tensor(make_prompts(1, 16, 0))
-        model.generate(warm, max_new_tokens=4, min_new_tokens=4, **gen)
+        model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4, **gen)
         for i, b in enumerate(levels):
             x = torch.tensor(make_prompts(b, args.input_len, args.seed + 100 * i))
+            mask = torch.ones_like(x)  # equal lengths: no padding
             t0 = time.perf_counter()
-            model.generate(x, max_new_tokens=1, min_new_tokens=1, **gen)
+            model.generate(x, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, **gen)
             ttft = time.perf_counter() - t0
             t0 = time.perf_counter()
-            model.generate(x, max_new_tokens=args.output_len, min_new_tokens=args.output_len, **gen)
+            model.generate(x, attention_mask=mask, max_new_tokens=args.output_len, min_new_tokens=args.output_len,
+                           **gen)
             total = time.perf_counter() - t0
             lv = {"concurrency": b, "output_tok_s": b * args.output_len / total, "ttft_ms_median": ttft * 1e3,
                   "tpot_ms_median": (total - ttft) / (args.output_len - 1) * 1e3, "errors": 0,
