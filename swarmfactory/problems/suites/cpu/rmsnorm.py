@@ -31,6 +31,14 @@ def baseline_eager(t):
     return lambda: F.rms_norm(x, (cols,), w, eps)
 
 
+def eager(t):
+    """What a user writes by hand in PyTorch (HF's LlamaRMSNorm, fp32)."""
+    import torch
+
+    x, w, eps = t["x"], t["w"], t["eps"]
+    return lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
 def roofline(shape):
     n = shape["rows"] * shape["cols"]
     return Roofline(bytes=4.0 * (2 * n + shape["cols"]), flops=4.0 * n)
@@ -46,6 +54,7 @@ PROBLEM = Problem(
     output_shapes=lambda s: {"y": (s["rows"], s["cols"])},
     reference=reference,
     baselines={"F.rms_norm": baseline_eager},
+    eager=eager,
     tolerance=Tolerance(1e-4, 1e-4, "the kernel may reorder the fp32 sum of squares (vectorised, "
                                     "multiple accumulators); over 1e4 terms that costs ~1e-5 relative"),
     workload=({"rows": 1, "cols": HIDDEN}, {"rows": 8, "cols": HIDDEN}, {"rows": 128, "cols": HIDDEN}),
