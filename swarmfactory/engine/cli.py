@@ -88,7 +88,10 @@ def serve(
     from .server import serve as run_server
 
     err.print(f"serving on http://{host}:{port}" + (" (API key required)" if api_key else ""), highlight=False)
-    run_server(eng, host=host, port=port, api_key=api_key)
+    try:
+        run_server(eng, host=host, port=port, api_key=api_key)
+    except OSError as e:
+        _fail(str(e), 1)
 
 
 @app.command()

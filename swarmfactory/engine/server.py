@@ -82,15 +82,19 @@ def _content_text(c) -> str:
     return "".join(parts)
 
 
-def create_app(engine: Engine, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine | None = None) -> FastAPI:
+    """The HTTP app. ``driver``: an AsyncEngine whose step loop the caller runs (see serve);
+    without one, the app starts its own on a helper thread."""
     app = FastAPI(title="swarmfactory engine", docs_url=None, redoc_url=None)
-    state: dict[str, AsyncEngine] = {}
+    state: dict[str, AsyncEngine] = {} if driver is None else {"ae": driver}
     model_id = engine.model_path.stem
     created = int(time.time())
 
     @app.on_event("startup")
     async def _start():
-        state["ae"] = AsyncEngine(engine)
+        if driver is None:
+            state["ae"] = AsyncEngine(engine)
+            state["ae"].start_thread()
 
     @app.on_event("shutdown")
     async def _stop():
@@ -287,7 +291,24 @@ async def _until_disconnect(h: Handle, watch: asyncio.Task):
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           log_level: str = "warning") -> None:
+    """Serve until interrupted: HTTP on a helper thread, the engine's step loop on this one."""
+    import threading
+
     import uvicorn
 
-    uvicorn.run(create_app(engine, api_key), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=5)
+    driver = AsyncEngine(engine)
+    config = uvicorn.Config(create_app(engine, api_key, driver), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    http = threading.Thread(target=server.run, name="http", daemon=True)
+    http.start()
+    try:
+        driver.run(keep_going=http.is_alive)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        driver.shutdown()
+        http.join(timeout=10)
+    if not server.started and not http.is_alive():
+        raise OSError(f"could not serve on {host}:{port} (see the log above)")
