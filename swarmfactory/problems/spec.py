@@ -124,12 +124,14 @@ class Problem:
         return "x".join(f"{k}={v}" for k, v in shape.items())
 
     def spec_hash(self) -> str:
-        """Identity of the problem's semantics: changes when the ABI, shapes or template change."""
+        """Identity of the problem's semantics and yardstick: changes when the ABI, shapes,
+        tolerance, template or the set of baselines change."""
         blob = json.dumps({
             "name": self.name, "version": self.version, "sig": self.c_signature,
             "workload": [dict(s) for s in self.workload], "edge": [dict(s) for s in self.edge_shapes],
             "dists": self.dists, "tol": dataclasses.asdict(self.tolerance),
             "template": self.template, "knobs": {k: list(v) for k, v in self.knobs.items()},
+            "baselines": sorted(self.baselines),  # speedups are relative to them
         }, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

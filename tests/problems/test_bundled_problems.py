@@ -125,6 +125,10 @@ def test_baselines_match_reference_on_workload(name, assert_close):
             out = setup(to_torch(inputs))()
             outs = out if isinstance(out, (tuple, list)) else (out,)
             got = {a.name: o.detach().numpy() for a, o in zip(p.outputs, outs)}
+            if bname.endswith("_bf16"):  # a lower-precision competitor: within bf16's tolerance
+                for k, v in ref.items():
+                    np.testing.assert_allclose(got[k], v.double().numpy(), rtol=1.6e-2, atol=2e-2)
+                continue
             assert_close(p, got, ref, f"{name} baseline {bname} {p.shape_label(shape)}")
 
 

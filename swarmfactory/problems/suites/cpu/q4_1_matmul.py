@@ -56,19 +56,32 @@ def reference(t):
     return {"y": t["x"].double() @ w.T}
 
 
-def baseline_int4pack(t):
+def baseline_int4pack(t, dtype=None):
     """torch's CPU int4 kernel, group 32: it computes (q - 8) * scale + zero, so scale = d and
     zero = m + 8d reproduce Q4_1's d * q + m. It needs n to be a multiple of 16 (every workload
-    shape is)."""
+    shape is). With ``dtype=bfloat16`` activations and scales are bf16 (its fast path, as engines
+    use it), the result cast back to fp32."""
     import torch
+
+    if dtype is not None:
+        t = dict(t, x=t["x"].to(dtype))
+        inner = baseline_int4pack(t)
+        return lambda: inner().float()
 
     n, k, x = t["n"], t["k"], t["x"]
     q, d, m = decode(t["wq"].numpy(), n, k)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
         torch.from_numpy(q.astype(np.int32)), 2)
-    scale, zero = torch.from_numpy(d).float(), torch.from_numpy(m + 8.0 * d).float()
+    scale = torch.from_numpy(d).to(x.dtype)
+    zero = torch.from_numpy(m + 8.0 * d).to(x.dtype)
     scales_and_zeros = torch.stack([scale.T, zero.T], dim=-1).contiguous()  # k/32 x n x 2
     return lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, QK, scales_and_zeros)
+
+
+def baseline_int4pack_bf16(t):
+    import torch
+
+    return baseline_int4pack(t, dtype=torch.bfloat16)
 
 
 def baseline_dequant_linear(t):
@@ -107,7 +120,9 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["batch"], s["n"])},
     reference=reference,
-    baselines={"torch_int4pack_mm": baseline_int4pack, "dequant_F.linear": baseline_dequant_linear},
+    baselines={"torch_int4pack_mm": baseline_int4pack,
+               "torch_int4pack_mm_bf16": baseline_int4pack_bf16,
+               "dequant_F.linear": baseline_dequant_linear},
     eager=eager_by_hand,
     shape_constraint=lambda s: s["k"] % QK == 0,
     tolerance=Tolerance(1e-4, 1e-4, "a dot product of up to 4096 fp32 terms in any order (vector "
