@@ -51,6 +51,11 @@ class Handle:
                 return
 
 
+def _deliver(batch: list[tuple[Handle, Event]]) -> None:
+    for h, ev in batch:
+        h.events.put_nowait(ev)
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -88,12 +93,21 @@ class AsyncEngine:
         return self._running and self.error is None
 
     def _emit(self, h: Handle, ev: Event) -> None:
-        if ev.finished:
-            h.done = True
-        try:
-            h.loop.call_soon_threadsafe(h.events.put_nowait, ev)
-        except RuntimeError:  # loop closed: the server is going away
-            pass
+        self._emit_many([(h, ev)])
+
+    def _emit_many(self, items: list[tuple[Handle, Event]]) -> None:
+        """Hand events to their loops, one wake-up per loop per step: every wake-up makes the
+        HTTP thread take the GIL the step loop needs between torch ops."""
+        by_loop: dict = {}
+        for h, ev in items:
+            if ev.finished:
+                h.done = True
+            by_loop.setdefault(h.loop, []).append((h, ev))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # loop closed: the server is going away
+                pass
 
     def _drain(self) -> None:
         eng = self.engine
@@ -120,13 +134,16 @@ class AsyncEngine:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue
+                items = []
                 for o in eng.step():
                     h = getattr(o.seq, "handle", None)
                     if h is None or h.done:
                         continue
                     s = o.seq
-                    self._emit(h, Event(o.delta, o.token, o.finished, s.finish_reason if o.finished else None,
-                                        len(s.prompt_ids), len(s.output_ids)))
+                    items.append((h, Event(o.delta, o.token, o.finished, s.finish_reason if o.finished else None,
+                                           len(s.prompt_ids), len(s.output_ids))))
+                if items:
+                    self._emit_many(items)
         except BaseException as e:  # surface engine crashes to every waiting request
             self.error = e
             for s in list(eng.scheduler.running) + list(eng.scheduler.waiting):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import sys
 import time
 import uuid
 from typing import Any, Literal
@@ -296,6 +297,9 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: st
 
     import uvicorn
 
+    # The step loop releases and retakes the GIL around every torch op; when the HTTP thread
+    # holds it, the default 5 ms switch interval can stall a step for that long per op.
+    sys.setswitchinterval(0.0005)
     driver = AsyncEngine(engine)
     config = uvicorn.Config(create_app(engine, api_key, driver), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=5)
