@@ -122,7 +122,7 @@ def test_a_small_context_switches_the_agent_to_compact_prompts(tmp_path):
 
 def test_llm_local_runs_our_engine_with_smollm2(tmp_path):
     store = Store(str(tmp_path / "e.db"))
-    cfg = RunConfig.build(problems="rmsnorm", budget=2, time_s=45, agents="llm", llm="local",
+    cfg = RunConfig.build(problems="rmsnorm", budget=2, time_s=120, agents="llm", llm="local",
                           llm_timeout_s=120, llm_max_tokens=120, **FAST)
     coord = Coordinator(cfg, store)
     run_id = coord.run()
