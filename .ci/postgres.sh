@@ -2,6 +2,8 @@
 # Install (if needed) and start a local PostgreSQL server for the store conformance tests;
 # prints the URL to use. Listens on 127.0.0.1 only.
 set -euo pipefail
+# Only the URL goes to stdout (the caller captures it); everything the tools say goes to stderr.
+exec 3>&1 1>&2
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
@@ -12,4 +14,4 @@ fi
 pg_ctlcluster "$ver" main start 2>/dev/null || true
 for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 && break; sleep 1; done
 su postgres -c "psql -q -c \"ALTER USER postgres PASSWORD 'postgres'\"" >/dev/null
-echo "postgresql://postgres:postgres@127.0.0.1:5432/postgres"
+echo "postgresql://postgres:postgres@127.0.0.1:5432/postgres" >&3
