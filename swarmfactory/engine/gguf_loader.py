@@ -82,6 +82,11 @@ class QuantTensor:
     def _rows(self, a: np.ndarray) -> np.ndarray:
         return a if self.row_perm is None else a[self.row_perm]
 
+    def take(self, rows: np.ndarray) -> "QuantTensor":
+        """The given rows (after un-permuting) as a tensor of their own, still in stored form."""
+        raw = self._rows(self.raw)[np.asarray(rows, dtype=np.int64)]
+        return QuantTensor(self.name, self.qtype, len(raw), self.cols, raw)
+
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, cols], computed exactly as the gguf reference does ((d*q)+m)."""
         if self.qtype == QT.F32:

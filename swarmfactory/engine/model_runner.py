@@ -1,4 +1,8 @@
-"""Turns a scheduled step into tensors, runs the model, and returns next-token logits."""
+"""Turns a scheduled step into tensors, runs the model, and returns next-token logits.
+
+Decode-only steps small enough for the native decoder (when the engine has one) run there;
+every other step runs the torch model. Both write the same KV cache.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,16 @@ import torch
 
 from .kv_cache import KVCache
 from .model import Llama, PrefillChunk, StepInput, offset_causal_mask
+from .native import NativeDecoder
 from .scheduler import Scheduled
 from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: Llama, kv: KVCache):
+    def __init__(self, model: Llama, kv: KVCache, native: NativeDecoder | None = None):
         self.model = model
         self.kv = kv
+        self.native = native
 
     def build(self, batch: Scheduled) -> tuple[StepInput, list[Sequence]]:
         """The step's input and the sequences that get a next token, in logit-row order."""
@@ -66,6 +72,14 @@ class ModelRunner:
         return step, wants
 
     def run(self, batch: Scheduled) -> tuple[torch.Tensor, list[Sequence]]:
+        dec = batch.decode
+        if self.native is not None and not batch.prefill and len(dec) <= self.native.max_batch:
+            logits = self.native(torch.tensor([s.last_token() for s in dec]),
+                                 torch.tensor([s.slot for s in dec]),
+                                 torch.tensor([s.num_tokens - 1 for s in dec]))
+            for s in dec:
+                s.n_cached += 1
+            return logits, list(dec)
         step, wants = self.build(batch)
         if not wants:  # only partial prompt chunks: fill the cache, skip the output head
             step.logit_rows = torch.empty(0, dtype=torch.long)

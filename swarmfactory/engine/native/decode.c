@@ -1,0 +1,485 @@
+/* Native decode step for Llama-family models with 4/8-bit block weights (GGUF Q4_1, Q8_0).
+ *
+ * One call computes a whole decode step for B sequences (one token each): every layer's
+ * RMSNorm, q|k|v projection, rotate-half RoPE, KV-cache write, grouped-query attention over the
+ * cache, output projection, SwiGLU MLP and residuals, then the final norm and the output head.
+ * Torch runs the same step as ~1,400 small ops; here it is one OpenMP region with a barrier
+ * between phases, so per-op dispatch cost disappears and the step is bound by reading weights.
+ *
+ * Matrix-vector products run on integers, as llama.cpp does: activations are quantised per
+ * block of 32 to int8 with an fp32 scale (Q8), weights stay 4-bit (Q4_1: w = d*q + m) or 8-bit
+ * (Q8_0: w = d*q), and each block's dot product is exact in int32 (llama.cpp's Q8_1 scheme).
+ *
+ * Batch invariance: every output element (row, sequence) is computed by one thread with the
+ * same sequence of operations whatever B and the thread count are, so a sequence's logits do
+ * not depend on what else is in the batch.
+ *
+ * ISA: AVX-512 VNNI (256-bit) or AVX-VNNI when the compiler targets them, else AVX2, else
+ * portable C. Build with -march=native on the machine that runs it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SF_ISA "avx512vnni"
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define SF_ISA "avxvnni"
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#else
+#define SF_ISA "avx2"
+#endif
+#define SF_SIMD 1
+/* sequences per pass over a row group: their accumulators stay in registers */
+#ifdef __AVX512F__
+#define BMAX 16
+#else
+#define BMAX 8
+#endif
+#else
+#define SF_ISA "portable"
+#define SF_SIMD 0
+#endif
+
+enum { SF_Q4_1 = 0, SF_Q8_0 = 1 };
+
+/* A weight matrix [rows, cols] packed by native.py: rows in groups of 4 (the last group padded
+ * with zero rows), each group one contiguous run of records, one record per block of 32
+ * columns, so a thread's share of a matrix is a single sequential stream:
+ *   Q4_1 record (80 bytes):  16 nibble bytes for each of the 4 rows (element t is the low
+ *                            nibble of byte t, element t+16 the high nibble), 4 fp16 d, 4 fp16 m
+ *   Q8_0 record (136 bytes): 32 bytes for each of the 4 rows stored as w + 128, 4 fp16 d */
+typedef struct {
+    int64_t type, rows, cols;
+    const uint8_t *data;
+} Mat;
+
+#define REC_Q4 80
+#define REC_Q8 136
+
+/* Activations of one row quantised for the integer dot products (Q8, one scale per 32). */
+typedef struct {
+    int8_t *q;   /* [K] */
+    float *d;    /* [K/32] scale */
+    float *s;    /* [K/32] d * sum(q): the Q4_1 offset term (see quantize_row) */
+    int32_t *c;  /* [K/32] 128 * sum(q): the Q8_0 correction for the +128 storage */
+} Act;
+
+typedef struct {
+    int64_t n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len;
+    float eps;
+    int threads;
+    const Mat *mats;       /* per layer: qkv, o, gate_up, down; then the output head */
+    const float **norms;   /* per layer: attn_norm, ffn_norm; then the output norm */
+    float **kv;            /* per layer: [2, slots, n_kv, max_len, head_dim] fp32 */
+    const float *inv_freq; /* [head_dim / 2] */
+    /* scratch */
+    float *x, *h, *qkv, *att, *gu, *ff, *cs, *scores;
+    Act a_dim, a_ffn;      /* B rows each */
+} Model;
+
+/* ---------------------------------------------------------------------------------------- */
+/* activation quantisation                                                                   */
+
+static void quantize_row(const float *x, int64_t K, Act *a, int64_t b) {
+    int8_t *q = a->q + b * K;
+    float *d = a->d + b * (K / 32), *s = a->s + b * (K / 32);
+    int32_t *c = a->c + b * (K / 32);
+    for (int64_t j = 0; j < K / 32; j++) {
+        const float *xb = x + 32 * j;
+        float amax = 0.f;
+        for (int t = 0; t < 32; t++) amax = fmaxf(amax, fabsf(xb[t]));
+        float dj = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int isum = 0;
+        for (int t = 0; t < 32; t++) {
+            int v = (int)lrintf(xb[t] * id);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            q[32 * j + t] = (int8_t)v;
+            isum += v;
+        }
+        d[j] = dj;
+        /* The offset term m * sum(x) uses the quantised sum, not the exact one: then the
+         * rounding errors e_t enter as sum((d q_t + m) e_t) = sum(w_t e_t), weighted by the
+         * centred weights, instead of by q_t in 0..15 (about twice the error, measured). */
+        s[j] = dj * (float)isum;
+        c[j] = 128 * isum;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* integer block dot products                                                                */
+
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    union { uint32_t u; float f; } v;
+    if (e == 0x1F) v.u = sign | 0x7F800000u | (m << 13);
+    else if (e) v.u = sign | ((e + 112) << 23) | (m << 13);
+    else { v.f = (float)m * 5.9604644775390625e-8f; v.u |= sign; } /* zero, subnormal: m * 2^-24 */
+    return v.f;
+}
+
+#if SF_SIMD
+static inline __m256i load_q4(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* 8 int32 partial sums of u[i] * s[i] (u unsigned bytes, s signed bytes): lane k sums bytes
+ * 4k..4k+3, so lanes 0-3 cover elements 0-15 and lanes 4-7 elements 16-31. */
+static inline __m256i dot_q4(__m256i u, __m256i s) {
+#ifdef DPBUSD
+    return DPBUSD(_mm256_setzero_si256(), u, s);
+#else  /* u <= 15: the int16 pair sums of maddubs cannot saturate */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Q8_0 stored as w + 128. With VNNI the dot is taken on the stored bytes and 128 * sum(s) is
+ * subtracted per block (Act.c); AVX2's maddubs would saturate on bytes up to 255, so it
+ * recovers the signed weights and takes |w| * sign(s, w). Either way the result is exact. */
+static inline __m256i dot_q8(__m256i u, __m256i s) {
+#ifdef DPBUSD
+    return DPBUSD(_mm256_setzero_si256(), u, s);
+#else
+    const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+/* [S0lo S1lo S2lo S3lo S0hi S1hi S2hi S3hi]: each row's sums over elements 0-15 and 16-31. */
+static inline __m256i sum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+}
+
+/* y[b][i] (+)= W[i] . x[b] for the row groups [g0, g1), every b < B. Each (row, b) sums its
+ * blocks in order with the same operations whatever B is (batch invariance). */
+static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int64_t g1,
+                          float *y, int64_t ldy, int accumulate) {
+    const int64_t nb = W->cols / 32, K = W->cols;
+    const int q4 = W->type == SF_Q4_1;
+    const int64_t rec = q4 ? REC_Q4 : REC_Q8;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *base = W->data + g * nb * rec;
+        for (int64_t b0 = 0; b0 < B; b0 += BMAX) {
+            const int nbb = (int)(B - b0 < BMAX ? B - b0 : BMAX);
+            __m256 acc[BMAX];
+            for (int bb = 0; bb < nbb; bb++) acc[bb] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < nb; j++) {
+                const uint8_t *r = base + j * rec;
+                __m256i w0, w1, w2, w3;
+                __m128 d4;
+                if (q4) {
+                    w0 = load_q4(r), w1 = load_q4(r + 16), w2 = load_q4(r + 32), w3 = load_q4(r + 48);
+                    d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(r + 64)));
+                } else {
+                    w0 = _mm256_loadu_si256((const __m256i *)r);
+                    w1 = _mm256_loadu_si256((const __m256i *)(r + 32));
+                    w2 = _mm256_loadu_si256((const __m256i *)(r + 64));
+                    w3 = _mm256_loadu_si256((const __m256i *)(r + 96));
+                    d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(r + 128)));
+                }
+                const __m256 d8 = _mm256_set_m128(d4, d4);
+                for (int bb = 0; bb < nbb; bb++) {
+                    const int64_t b = b0 + bb;
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + b * K + 32 * j));
+                    __m256i s;
+                    if (q4) {
+                        s = sum4(dot_q4(w0, xv), dot_q4(w1, xv), dot_q4(w2, xv), dot_q4(w3, xv));
+                    } else {
+                        s = sum4(dot_q8(w0, xv), dot_q8(w1, xv), dot_q8(w2, xv), dot_q8(w3, xv));
+#ifdef DPBUSD
+                        s = _mm256_sub_epi32(s, _mm256_zextsi128_si256(_mm_set1_epi32(a->c[b * nb + j])));
+#endif
+                    }
+                    const __m256 sc = _mm256_mul_ps(d8, _mm256_set1_ps(a->d[b * nb + j]));
+                    acc[bb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[bb]);
+                }
+            }
+            for (int bb = 0; bb < nbb; bb++) {
+                const int64_t b = b0 + bb;
+                __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[bb]), _mm256_extractf128_ps(acc[bb], 1));
+                if (q4) { /* the offset term, sum_j m_j * s_j: a second pass over the group (in L1) */
+                    __m128 accm = _mm_setzero_ps();
+                    for (int64_t j = 0; j < nb; j++) {
+                        const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(base + j * rec + 72)));
+                        accm = _mm_fmadd_ps(m4, _mm_set1_ps(a->s[b * nb + j]), accm);
+                    }
+                    v = _mm_add_ps(v, accm);
+                }
+                float out[4];
+                _mm_storeu_ps(out, v);
+                for (int r = 0; r < 4 && 4 * g + r < W->rows; r++) {
+                    float *dst = y + b * ldy + 4 * g + r;
+                    *dst = accumulate ? *dst + out[r] : out[r];
+                }
+            }
+        }
+    }
+}
+#else
+static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int64_t g1,
+                          float *y, int64_t ldy, int accumulate) {
+    const int64_t nb = W->cols / 32, K = W->cols;
+    const int q4 = W->type == SF_Q4_1;
+    const int64_t rec = q4 ? REC_Q4 : REC_Q8;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *base = W->data + g * nb * rec;
+        for (int r = 0; r < 4 && 4 * g + r < W->rows; r++) {
+            for (int64_t b = 0; b < B; b++) {
+                float acc = 0.f, accm = 0.f;
+                for (int64_t j = 0; j < nb; j++) {
+                    const uint8_t *rp = base + j * rec;
+                    const int8_t *x = a->q + b * K + 32 * j;
+                    int32_t s = 0;
+                    uint16_t dh;
+                    if (q4) {
+                        const uint8_t *p = rp + 16 * r;
+                        for (int t = 0; t < 16; t++) s += (p[t] & 0x0F) * x[t] + (p[t] >> 4) * x[t + 16];
+                        uint16_t mh;
+                        memcpy(&dh, rp + 64 + 2 * r, 2);
+                        memcpy(&mh, rp + 72 + 2 * r, 2);
+                        accm += half_to_float(mh) * a->s[b * nb + j];
+                    } else {
+                        const uint8_t *p = rp + 32 * r;
+                        for (int t = 0; t < 32; t++) s += ((int)p[t] - 128) * x[t];
+                        memcpy(&dh, rp + 128 + 2 * r, 2);
+                    }
+                    acc += (float)s * (half_to_float(dh) * a->d[b * nb + j]);
+                }
+                float *dst = y + b * ldy + 4 * g + r;
+                *dst = accumulate ? *dst + acc + accm : acc + accm;
+            }
+        }
+    }
+}
+#endif
+
+/* This thread's share of a matmul (an equal run of row groups), then a barrier. */
+static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy, int accumulate) {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t groups = (W->rows + 3) / 4;
+    const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+    if (g0 < g1) matmul_groups(W, a, B, g0, g1, y, ldy, accumulate);
+#pragma omp barrier
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* small ops                                                                                 */
+
+static void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+/* exp(x) as 2^n * p(r) (Cephes' polynomial), |rel err| < 2e-7 on [-87, 88]; plain arithmetic
+ * so that loops over it vectorise. */
+static inline float expo(float x) {
+    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+    const float n = nearbyintf(x * 1.44269504f);
+    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.98756912e-4f;
+    p = p * r + 1.39819994e-3f;
+    p = p * r + 8.33345205e-3f;
+    p = p * r + 4.16657962e-2f;
+    p = p * r + 1.66666657e-1f;
+    p = p * r + 5.0e-1f;
+    p = p * r * r + r + 1.f;
+    union { float f; int32_t i; } u = {p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+static inline float silu(float g) { return g / (1.f + expo(-g)); }
+
+/* One query head against its cached keys and values: out[D]. */
+static void attend(const float *q, const float *k, const float *v, int64_t len, int64_t D,
+                   float scale, float *scores, float *out) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < len; t++) {
+        const float *kt = k + t * D;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < D; i++) s += q[i] * kt[i];
+        s *= scale;
+        scores[t] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < len; t++) {
+        const float e = expo(scores[t] - mx);
+        scores[t] = e;
+        sum += e;
+    }
+    for (int64_t i = 0; i < D; i++) out[i] = 0.f;
+    for (int64_t t = 0; t < len; t++) {
+        const float p = scores[t] / sum;
+        const float *vt = v + t * D;
+        for (int64_t i = 0; i < D; i++) out[i] += p * vt[i];
+    }
+}
+
+/* rotate-half RoPE in place on one head: x[i] = x[i]cos - x[i+h]sin, x[i+h] = x[i+h]cos + x[i]sin */
+static void rope(float *x, const float *cs, int64_t D) {
+    const int64_t h = D / 2;
+    const float *c = cs, *s = cs + h;
+    for (int64_t i = 0; i < h; i++) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a * c[i] - b * s[i];
+        x[i + h] = b * c[i] + a * s[i];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* API                                                                                       */
+
+const char *sf_isa(void) { return SF_ISA; }
+
+static Act act_new(int64_t B, int64_t K) {
+    Act a = {malloc(B * K), malloc(sizeof(float) * B * K / 32), malloc(sizeof(float) * B * K / 32),
+             malloc(sizeof(int32_t) * B * K / 32)};
+    return a;
+}
+
+static void act_free(Act *a) { free(a->q); free(a->d); free(a->s); free(a->c); }
+
+void sf_model_free(Model *M) {
+    if (!M) return;
+    free(M->x); free(M->h); free(M->qkv); free(M->att); free(M->gu); free(M->ff); free(M->cs);
+    free(M->scores);
+    act_free(&M->a_dim);
+    act_free(&M->a_ffn);
+    free(M);
+}
+
+/* Returns NULL when a dimension is unsupported (cols not a multiple of 32, odd head_dim). The
+ * arrays passed in must outlive the model (native.py keeps them). */
+Model *sf_model_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv, int64_t head_dim,
+                    int64_t ffn, int64_t vocab, float eps, int64_t max_b, int64_t slots,
+                    int64_t max_len, const Mat *mats, const float **norms, float **kv,
+                    const float *inv_freq, int threads) {
+    if (dim % 32 || ffn % 32 || (n_heads * head_dim) % 32 || head_dim % 2 || n_heads % n_kv)
+        return NULL;
+    Model *M = calloc(1, sizeof(Model));
+    if (!M) return NULL;
+    *M = (Model){n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len, eps,
+                 threads > 0 ? threads : 1, mats, norms, kv, inv_freq};
+    const int64_t qkv = (n_heads + 2 * n_kv) * head_dim, att = n_heads * head_dim;
+    M->x = malloc(sizeof(float) * max_b * dim);
+    M->h = malloc(sizeof(float) * max_b * (dim > att ? dim : att));
+    M->qkv = malloc(sizeof(float) * max_b * qkv);
+    M->att = malloc(sizeof(float) * max_b * att);
+    M->gu = malloc(sizeof(float) * max_b * 2 * ffn);
+    M->ff = malloc(sizeof(float) * max_b * ffn);
+    M->cs = malloc(sizeof(float) * max_b * head_dim);
+    M->scores = malloc(sizeof(float) * M->threads * max_len);
+    M->a_dim = act_new(max_b, dim > att ? dim : att);
+    M->a_ffn = act_new(max_b, ffn);
+    if (!M->x || !M->h || !M->qkv || !M->att || !M->gu || !M->ff || !M->cs || !M->scores ||
+        !M->a_dim.q || !M->a_dim.d || !M->a_dim.s || !M->a_dim.c || !M->a_ffn.q || !M->a_ffn.d ||
+        !M->a_ffn.s || !M->a_ffn.c) {
+        sf_model_free(M);
+        return NULL;
+    }
+    return M;
+}
+
+/* One decode step. x_in: [B, dim] token embeddings; slot/pos: each sequence's KV slot and the
+ * position of its token; logits: [B, vocab] out. Returns 0, or -1 for bad arguments. */
+int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
+              float *logits) {
+    if (B < 1 || B > M->max_b) return -1;
+    for (int64_t b = 0; b < B; b++)
+        if (slot[b] < 0 || slot[b] >= M->slots || pos[b] < 0 || pos[b] >= M->max_len) return -1;
+    const int64_t D = M->head_dim, H = M->n_heads, KV = M->n_kv, dim = M->dim, F = M->ffn;
+    const int64_t G = H / KV, half = D / 2, QKV = (H + 2 * KV) * D, ATT = H * D;
+    const float scale = 1.f / sqrtf((float)D);
+    memcpy(M->x, x_in, sizeof(float) * B * dim);
+    for (int64_t b = 0; b < B; b++) {
+        float *cs = M->cs + b * D;
+        for (int64_t i = 0; i < half; i++) {
+            const float a = (float)pos[b] * M->inv_freq[i];
+            cs[i] = cosf(a);
+            cs[half + i] = sinf(a);
+        }
+    }
+#pragma omp parallel num_threads(M->threads)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        float *scores = M->scores + tid * M->max_len;
+        for (int64_t l = 0; l < M->n_layers; l++) {
+            const Mat *W = M->mats + 4 * l;
+            float *cache = M->kv[l];
+#pragma omp single
+            for (int64_t b = 0; b < B; b++) {
+                rms_norm(M->x + b * dim, M->norms[2 * l], M->h + b * dim, dim, M->eps);
+                quantize_row(M->h + b * dim, dim, &M->a_dim, b);
+            }
+            matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0);
+#pragma omp single
+            for (int64_t b = 0; b < B; b++) {
+                float *row = M->qkv + b * QKV;
+                for (int64_t hh = 0; hh < H + KV; hh++) rope(row + hh * D, M->cs + b * D, D);
+                for (int64_t p = 0; p < 2; p++)
+                    for (int64_t g = 0; g < KV; g++)
+                        memcpy(cache + (((p * M->slots + slot[b]) * KV + g) * M->max_len + pos[b]) * D,
+                               row + (H + p * KV + g) * D, sizeof(float) * D);
+            }
+            for (int64_t task = tid; task < B * H; task += nt) {
+                const int64_t b = task / H, hh = task % H, g = hh / G;
+                const float *k = cache + ((0 * M->slots + slot[b]) * KV + g) * M->max_len * D;
+                const float *v = cache + ((1 * M->slots + slot[b]) * KV + g) * M->max_len * D;
+                attend(M->qkv + b * QKV + hh * D, k, v, pos[b] + 1, D, scale, scores,
+                       M->att + b * ATT + hh * D);
+            }
+#pragma omp barrier
+#pragma omp single
+            for (int64_t b = 0; b < B; b++) quantize_row(M->att + b * ATT, ATT, &M->a_dim, b);
+            matmul(&W[1], &M->a_dim, B, M->x, dim, 1);
+#pragma omp single
+            for (int64_t b = 0; b < B; b++) {
+                rms_norm(M->x + b * dim, M->norms[2 * l + 1], M->h + b * dim, dim, M->eps);
+                quantize_row(M->h + b * dim, dim, &M->a_dim, b);
+            }
+            matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0);
+#pragma omp single
+            for (int64_t b = 0; b < B; b++) {
+                const float *g = M->gu + b * 2 * F, *u = g + F;
+                float *f = M->ff + b * F;
+                for (int64_t i = 0; i < F; i++) f[i] = silu(g[i]) * u[i];
+                quantize_row(f, F, &M->a_ffn, b);
+            }
+            matmul(&W[3], &M->a_ffn, B, M->x, dim, 1);
+        }
+#pragma omp single
+        for (int64_t b = 0; b < B; b++) {
+            rms_norm(M->x + b * dim, M->norms[2 * M->n_layers], M->h + b * dim, dim, M->eps);
+            quantize_row(M->h + b * dim, dim, &M->a_dim, b);
+        }
+        matmul(&M->mats[4 * M->n_layers], &M->a_dim, B, logits, M->vocab, 0);
+    }
+    return 0;
+}
+
+/* y[B, rows] = x[B, cols] @ W.T with the decode step's numerics (quantised activations), on
+ * `threads` threads. For tests and for checking a machine's ISA path against a reference. */
+int sf_linear(const Mat *W, int64_t B, const float *x, float *y, int threads) {
+    if (B < 1 || W->cols % 32) return -1;
+    Act a = act_new(B, W->cols);
+    if (!a.q || !a.d || !a.s || !a.c) { act_free(&a); return -1; }
+    for (int64_t b = 0; b < B; b++) quantize_row(x + b * W->cols, W->cols, &a, b);
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    matmul(W, &a, B, y, W->rows, 0);
+    act_free(&a);
+    return 0;
+}
