@@ -59,8 +59,10 @@ def _engine(cfg, debug: bool = False):
         if debug:
             raise
         _fail(str(e))
+    native = (f", native decode up to {eng.native.max_batch} sequences ({eng.native.isa})"
+              if eng.native is not None else "")
     err.print(f"loaded {eng.model_path.name} as {cfg.weights} in {eng.load_seconds:.1f}s "
-              f"({cfg.resolved_threads()} threads, max batch {cfg.max_batch})", highlight=False)
+              f"({cfg.resolved_threads()} threads, max batch {cfg.max_batch}{native})", highlight=False)
     return eng
 
 
