@@ -96,9 +96,9 @@ static void quantize_row(const float *x, int64_t K, Act *a, int64_t b) {
         for (int t = 0; t < 32; t++) amax = fmaxf(amax, fabsf(xb[t]));
         float dj = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
         int isum = 0;
+#pragma omp simd reduction(+ : isum)
         for (int t = 0; t < 32; t++) {
-            int v = (int)lrintf(xb[t] * id);
-            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            const int v = (int)nearbyintf(fminf(fmaxf(xb[t] * id, -127.f), 127.f));
             q[32 * j + t] = (int8_t)v;
             isum += v;
         }
@@ -301,9 +301,11 @@ static inline float expo(float x) {
 
 static inline float silu(float g) { return g / (1.f + expo(-g)); }
 
-/* One query head against its cached keys and values: out[D]. */
-static void attend(const float *q, const float *k, const float *v, int64_t len, int64_t D,
-                   float scale, float *scores, float *out) {
+/* One query head against its cached keys and values: out[D]. Inlined with D a constant for
+ * the common head sizes, so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void attend_d(
+    const int64_t D, const float *q, const float *k, const float *v, int64_t len, float scale,
+    float *scores, float *out) {
     float mx = -INFINITY;
     for (int64_t t = 0; t < len; t++) {
         const float *kt = k + t * D;
@@ -321,12 +323,23 @@ static void attend(const float *q, const float *k, const float *v, int64_t len, 
         scores[t] = e;
         sum += e;
     }
-    for (int64_t i = 0; i < D; i++) out[i] = 0.f;
+    float acc[D];
+    for (int64_t i = 0; i < D; i++) acc[i] = 0.f;
     for (int64_t t = 0; t < len; t++) {
-        const float p = scores[t] / sum;
+        const float p = scores[t];
         const float *vt = v + t * D;
-        for (int64_t i = 0; i < D; i++) out[i] += p * vt[i];
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) acc[i] += p * vt[i];
     }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < D; i++) out[i] = acc[i] * inv;
+}
+
+static void attend(const float *q, const float *k, const float *v, int64_t len, int64_t D,
+                   float scale, float *scores, float *out) {
+    if (D == 64) attend_d(64, q, k, v, len, scale, scores, out);
+    else if (D == 128) attend_d(128, q, k, v, len, scale, scores, out);
+    else attend_d(D, q, k, v, len, scale, scores, out);
 }
 
 /* rotate-half RoPE in place on one head: x[i] = x[i]cos - x[i+h]sin, x[i+h] = x[i+h]cos + x[i]sin */
@@ -420,13 +433,13 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
         for (int64_t l = 0; l < M->n_layers; l++) {
             const Mat *W = M->mats + 4 * l;
             float *cache = M->kv[l];
-#pragma omp single
+#pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 rms_norm(M->x + b * dim, M->norms[2 * l], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
             matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0);
-#pragma omp single
+#pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 float *row = M->qkv + b * QKV;
                 for (int64_t hh = 0; hh < H + KV; hh++) rope(row + hh * D, M->cs + b * D, D);
@@ -443,16 +456,16 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
                        M->att + b * ATT + hh * D);
             }
 #pragma omp barrier
-#pragma omp single
+#pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) quantize_row(M->att + b * ATT, ATT, &M->a_dim, b);
             matmul(&W[1], &M->a_dim, B, M->x, dim, 1);
-#pragma omp single
+#pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 rms_norm(M->x + b * dim, M->norms[2 * l + 1], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
             matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0);
-#pragma omp single
+#pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 const float *g = M->gu + b * 2 * F, *u = g + F;
                 float *f = M->ff + b * F;
@@ -461,7 +474,7 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
             }
             matmul(&W[3], &M->a_ffn, B, M->x, dim, 1);
         }
-#pragma omp single
+#pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++) {
             rms_norm(M->x + b * dim, M->norms[2 * M->n_layers], M->h + b * dim, dim, M->eps);
             quantize_row(M->h + b * dim, dim, &M->a_dim, b);
