@@ -108,6 +108,8 @@ class NativeDecoder:
         if any(t.dtype != torch.float32 for t in kv.kv):
             raise NativeUnavailable("native decoder needs an fp32 KV cache (kv_dtype: fp32)")
         self.hp, self.max_batch = hp, max_batch
+        self.lib = load_library(flags)  # first: a machine without a compiler fails fast
+        self.isa = self.lib.sf_isa().decode()
         self._keep: list = []
         mats = []
 
@@ -127,6 +129,8 @@ class NativeDecoder:
         norms.append("output_norm.weight")
         add("token_embd.weight" if hp.tied_embeddings else "output.weight")
         self._embed = gg.tensor("token_embd.weight")
+        if mats[-1].rows != hp.vocab_size:
+            raise NativeUnavailable(f"output head has {mats[-1].rows} rows for a vocabulary of {hp.vocab_size}")
 
         norm_t = [gg.tensor(n).dequantize().reshape(-1).float().contiguous() for n in norms]
         self._keep.append(norm_t)
@@ -136,8 +140,6 @@ class NativeDecoder:
         self._norms = (ctypes.c_void_p * len(norm_t))(*[t.data_ptr() for t in norm_t])
         self._kv_ptrs = (ctypes.c_void_p * len(kv.kv))(*[t.data_ptr() for t in kv.kv])
         self._kv = kv  # the pointers above stay valid while the cache lives
-        self.lib = load_library(flags)
-        self.isa = self.lib.sf_isa().decode()
         self.threads = threads
         self._model = self.lib.sf_model_new(
             hp.n_layers, hp.dim, hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.ffn_dim, hp.vocab_size,

@@ -48,9 +48,9 @@
 
 enum { SF_Q4_1 = 0, SF_Q8_0 = 1 };
 
-/* A weight matrix [rows, cols] packed by native.py: rows in groups of 4 (the last group padded
- * with zero rows), each group one contiguous run of records, one record per block of 32
- * columns, so a thread's share of a matrix is a single sequential stream:
+/* A weight matrix [rows, cols] as pack() in __init__.py lays it out: rows in groups of 4 (the
+ * last group padded with zero rows), each group one contiguous run of records, one record per
+ * block of 32 columns, so a thread's share of a matrix is a single sequential stream:
  *   Q4_1 record (80 bytes):  16 nibble bytes for each of the 4 rows (element t is the low
  *                            nibble of byte t, element t+16 the high nibble), 4 fp16 d, 4 fp16 m
  *   Q8_0 record (136 bytes): 32 bytes for each of the 4 rows stored as w + 128, 4 fp16 d */
