@@ -24,10 +24,11 @@ OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 # dense matmul is bound by reading 4x more weight bytes until it becomes compute-bound.
 DEFAULT_DENSE_ABOVE = {"qkv": 8, "o": 8, "gate_up": 12, "down": 8, "lm_head": 3}
 
-# Decode batches up to which the native decoder (engine/native) beats torch's q4_1 path, measured
-# on a 2-core Zen 4: 4.4 vs 12.7 ms at one sequence, 18.7 vs 25.6 ms at 8, about even at 16, and
-# torch's dense bf16 copies win from there (61 vs 89 ms at 32).
-DEFAULT_NATIVE_DECODE = 12
+# Decode batches up to which the native decoder (engine/native) is at least as fast as torch's
+# q4_1 path, measured on a 2-core Zen 4 (best of 7, position 128): 3.6 vs 12.7 ms at one
+# sequence, 22.9 vs 33.2 at 12, 43.4 vs 46.8 at 24, 56.2 vs 56.4 at 32; torch's dense bf16
+# copies win from about 64 sequences (99 vs 108 ms).
+DEFAULT_NATIVE_DECODE = 32
 
 
 class ConfigError(ValueError):
@@ -53,7 +54,7 @@ class EngineConfig(BaseModel):
       kernel (faster once compute-bound, e.g. prefill). Ops not listed keep no dense copy.
     - ``native_decode``: q4_1 with an fp32 KV cache only; decode-only steps of at most this many
       sequences run the native decoder, the whole step in one C call (``engine/native``). ``None``
-      means 12 where it applies (falling back to torch, with a warning, where no C compiler
+      means 32 where it applies (falling back to torch, with a warning, where no C compiler
       builds it) and off elsewhere, including when ``kernels`` names kernels (they must run);
       0 turns it off; a number > 0 requires it.
     """

@@ -88,7 +88,7 @@ def q4_engine():
 
 def test_default_q4_1_engine_decodes_natively(q4_engine):
     assert q4_engine.native is not None
-    assert q4_engine.native.max_batch == min(12, q4_engine.config.max_batch)
+    assert q4_engine.native.max_batch == min(32, q4_engine.config.max_batch)
 
 
 def _teacher_forced(native, kv, seqs: dict[int, list[int]], starts: dict[int, int]):

@@ -35,11 +35,11 @@
 #define SF_ISA "avx2"
 #endif
 #define SF_SIMD 1
-/* sequences per pass over a row group: their accumulators stay in registers */
+/* sequences per pass over a row group: their accumulators stay in registers (32 or 16) */
 #ifdef __AVX512F__
 #define BMAX 16
 #else
-#define BMAX 8
+#define BMAX 4
 #endif
 #else
 #define SF_ISA "portable"
@@ -48,19 +48,25 @@
 
 enum { SF_Q4_1 = 0, SF_Q8_0 = 1 };
 
-/* A weight matrix [rows, cols] as pack() in __init__.py lays it out: rows in groups of 4 (the
+/* A weight matrix [rows, cols] as pack() in __init__.py lays it out: rows in groups of 8 (the
  * last group padded with zero rows), each group one contiguous run of records, one record per
- * block of 32 columns, so a thread's share of a matrix is a single sequential stream:
- *   Q4_1 record (80 bytes):  16 nibble bytes for each of the 4 rows (element t is the low
- *                            nibble of byte t, element t+16 the high nibble), 4 fp16 d, 4 fp16 m
- *   Q8_0 record (136 bytes): 32 bytes for each of the 4 rows stored as w + 128, 4 fp16 d */
+ * block of 32 columns, so a thread's share of a matrix is a single sequential stream. Inside a
+ * record the 8 rows are interleaved by quads of 4 elements: 32-bit lane r of a vector holds 4
+ * consecutive elements of row r, so one vpdpbusd against a broadcast quad of activations adds
+ * to all 8 rows' sums at once and a block needs no horizontal reduction.
+ *   Q4_1 record (160 bytes): 4 vectors of 32 bytes; byte 4r+i of vector k is byte 4k+i of row
+ *       r's GGUF block, so its low nibble is element 4k+i and its high nibble element 16+4k+i;
+ *       then 8 fp16 d and 8 fp16 m (one per row).
+ *   Q8_0 record (272 bytes): 8 vectors of 32 bytes; byte 4r+i of vector k is element 4k+i of
+ *       row r stored as w + 128; then 8 fp16 d. */
 typedef struct {
     int64_t type, rows, cols;
     const uint8_t *data;
 } Mat;
 
-#define REC_Q4 80
-#define REC_Q8 136
+#define ROWS 8
+#define REC_Q4 160
+#define REC_Q8 272
 
 /* Activations of one row quantised for the integer dot products (Q8, one scale per 32). */
 typedef struct {
@@ -124,38 +130,32 @@ static inline float half_to_float(uint16_t h) {
 }
 
 #if SF_SIMD
-static inline __m256i load_q4(const uint8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-
-/* 8 int32 partial sums of u[i] * s[i] (u unsigned bytes, s signed bytes): lane k sums bytes
- * 4k..4k+3, so lanes 0-3 cover elements 0-15 and lanes 4-7 elements 16-31. */
-static inline __m256i dot_q4(__m256i u, __m256i s) {
+/* acc + 8 int32 lanes of sum_i u[4l+i] * s[4l+i] (u unsigned bytes, s signed bytes). */
+static inline __m256i dot_q4(__m256i acc, __m256i u, __m256i s) {
 #ifdef DPBUSD
-    return DPBUSD(_mm256_setzero_si256(), u, s);
+    return DPBUSD(acc, u, s);
 #else  /* u <= 15: the int16 pair sums of maddubs cannot saturate */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
 
 /* Q8_0 stored as w + 128. With VNNI the dot is taken on the stored bytes and 128 * sum(s) is
  * subtracted per block (Act.c); AVX2's maddubs would saturate on bytes up to 255, so it
  * recovers the signed weights and takes |w| * sign(s, w). Either way the result is exact. */
-static inline __m256i dot_q8(__m256i u, __m256i s) {
+static inline __m256i dot_q8(__m256i acc, __m256i u, __m256i s) {
 #ifdef DPBUSD
-    return DPBUSD(_mm256_setzero_si256(), u, s);
+    return DPBUSD(acc, u, s);
 #else
     const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 #endif
 }
 
-/* [S0lo S1lo S2lo S3lo S0hi S1hi S2hi S3hi]: each row's sums over elements 0-15 and 16-31. */
-static inline __m256i sum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+static inline __m256i quad(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
 }
 
 /* y[b][i] (+)= W[i] . x[b] for the row groups [g0, g1), every b < B. Each (row, b) sums its
@@ -165,6 +165,7 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
     const int64_t nb = W->cols / 32, K = W->cols;
     const int q4 = W->type == SF_Q4_1;
     const int64_t rec = q4 ? REC_Q4 : REC_Q8;
+    const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *base = W->data + g * nb * rec;
         for (int64_t b0 = 0; b0 < B; b0 += BMAX) {
@@ -173,50 +174,57 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
             for (int bb = 0; bb < nbb; bb++) acc[bb] = _mm256_setzero_ps();
             for (int64_t j = 0; j < nb; j++) {
                 const uint8_t *r = base + j * rec;
-                __m256i w0, w1, w2, w3;
-                __m128 d4;
-                if (q4) {
-                    w0 = load_q4(r), w1 = load_q4(r + 16), w2 = load_q4(r + 32), w3 = load_q4(r + 48);
-                    d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(r + 64)));
-                } else {
-                    w0 = _mm256_loadu_si256((const __m256i *)r);
-                    w1 = _mm256_loadu_si256((const __m256i *)(r + 32));
-                    w2 = _mm256_loadu_si256((const __m256i *)(r + 64));
-                    w3 = _mm256_loadu_si256((const __m256i *)(r + 96));
-                    d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(r + 128)));
+                __m256i w[8];
+                for (int k = 0; k < (q4 ? 4 : 8); k++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(r + 32 * k));
+                    if (q4) {
+                        w[k] = _mm256_and_si256(v, low);
+                        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    } else {
+                        w[k] = v;
+                    }
                 }
-                const __m256 d8 = _mm256_set_m128(d4, d4);
+                const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + (q4 ? 128 : 256))));
                 for (int bb = 0; bb < nbb; bb++) {
                     const int64_t b = b0 + bb;
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + b * K + 32 * j));
-                    __m256i s;
+                    const int8_t *x = a->q + b * K + 32 * j;
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
                     if (q4) {
-                        s = sum4(dot_q4(w0, xv), dot_q4(w1, xv), dot_q4(w2, xv), dot_q4(w3, xv));
+                        for (int k = 0; k < 4; k += 2) {
+                            s0 = dot_q4(s0, w[k], quad(x + 4 * k));
+                            s1 = dot_q4(s1, w[k + 1], quad(x + 4 * k + 4));
+                            s0 = dot_q4(s0, w[k + 4], quad(x + 16 + 4 * k));
+                            s1 = dot_q4(s1, w[k + 5], quad(x + 20 + 4 * k));
+                        }
                     } else {
-                        s = sum4(dot_q8(w0, xv), dot_q8(w1, xv), dot_q8(w2, xv), dot_q8(w3, xv));
-#ifdef DPBUSD
-                        s = _mm256_sub_epi32(s, _mm256_zextsi128_si256(_mm_set1_epi32(a->c[b * nb + j])));
-#endif
+                        for (int k = 0; k < 8; k += 2) {
+                            s0 = dot_q8(s0, w[k], quad(x + 4 * k));
+                            s1 = dot_q8(s1, w[k + 1], quad(x + 4 * k + 4));
+                        }
                     }
+                    __m256i s = _mm256_add_epi32(s0, s1);
+#ifdef DPBUSD
+                    if (!q4) s = _mm256_sub_epi32(s, _mm256_set1_epi32(a->c[b * nb + j]));
+#endif
                     const __m256 sc = _mm256_mul_ps(d8, _mm256_set1_ps(a->d[b * nb + j]));
                     acc[bb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[bb]);
                 }
             }
             for (int bb = 0; bb < nbb; bb++) {
                 const int64_t b = b0 + bb;
-                __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[bb]), _mm256_extractf128_ps(acc[bb], 1));
+                __m256 v = acc[bb];
                 if (q4) { /* the offset term, sum_j m_j * s_j: a second pass over the group (in L1) */
-                    __m128 accm = _mm_setzero_ps();
+                    __m256 accm = _mm256_setzero_ps();
                     for (int64_t j = 0; j < nb; j++) {
-                        const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(base + j * rec + 72)));
-                        accm = _mm_fmadd_ps(m4, _mm_set1_ps(a->s[b * nb + j]), accm);
+                        const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(base + j * rec + 144)));
+                        accm = _mm256_fmadd_ps(m8, _mm256_set1_ps(a->s[b * nb + j]), accm);
                     }
-                    v = _mm_add_ps(v, accm);
+                    v = _mm256_add_ps(v, accm);
                 }
-                float out[4];
-                _mm_storeu_ps(out, v);
-                for (int r = 0; r < 4 && 4 * g + r < W->rows; r++) {
-                    float *dst = y + b * ldy + 4 * g + r;
+                float out[ROWS];
+                _mm256_storeu_ps(out, v);
+                for (int r = 0; r < ROWS && ROWS * g + r < W->rows; r++) {
+                    float *dst = y + b * ldy + ROWS * g + r;
                     *dst = accumulate ? *dst + out[r] : out[r];
                 }
             }
@@ -231,7 +239,7 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
     const int64_t rec = q4 ? REC_Q4 : REC_Q8;
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *base = W->data + g * nb * rec;
-        for (int r = 0; r < 4 && 4 * g + r < W->rows; r++) {
+        for (int r = 0; r < ROWS && ROWS * g + r < W->rows; r++) {
             for (int64_t b = 0; b < B; b++) {
                 float acc = 0.f, accm = 0.f;
                 for (int64_t j = 0; j < nb; j++) {
@@ -240,20 +248,23 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
                     int32_t s = 0;
                     uint16_t dh;
                     if (q4) {
-                        const uint8_t *p = rp + 16 * r;
-                        for (int t = 0; t < 16; t++) s += (p[t] & 0x0F) * x[t] + (p[t] >> 4) * x[t + 16];
+                        for (int k = 0; k < 4; k++)
+                            for (int i = 0; i < 4; i++) {
+                                const uint8_t v = rp[32 * k + 4 * r + i];
+                                s += (v & 0x0F) * x[4 * k + i] + (v >> 4) * x[16 + 4 * k + i];
+                            }
                         uint16_t mh;
-                        memcpy(&dh, rp + 64 + 2 * r, 2);
-                        memcpy(&mh, rp + 72 + 2 * r, 2);
+                        memcpy(&dh, rp + 128 + 2 * r, 2);
+                        memcpy(&mh, rp + 144 + 2 * r, 2);
                         accm += half_to_float(mh) * a->s[b * nb + j];
                     } else {
-                        const uint8_t *p = rp + 32 * r;
-                        for (int t = 0; t < 32; t++) s += ((int)p[t] - 128) * x[t];
-                        memcpy(&dh, rp + 128 + 2 * r, 2);
+                        for (int k = 0; k < 8; k++)
+                            for (int i = 0; i < 4; i++) s += ((int)rp[32 * k + 4 * r + i] - 128) * x[4 * k + i];
+                        memcpy(&dh, rp + 256 + 2 * r, 2);
                     }
                     acc += (float)s * (half_to_float(dh) * a->d[b * nb + j]);
                 }
-                float *dst = y + b * ldy + 4 * g + r;
+                float *dst = y + b * ldy + ROWS * g + r;
                 *dst = accumulate ? *dst + acc + accm : acc + accm;
             }
         }
@@ -264,7 +275,7 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
 /* This thread's share of a matmul (an equal run of row groups), then a barrier. */
 static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy, int accumulate) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t groups = (W->rows + 3) / 4;
+    const int64_t groups = (W->rows + ROWS - 1) / ROWS;
     const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
     if (g0 < g1) matmul_groups(W, a, B, g0, g1, y, ldy, accumulate);
 #pragma omp barrier
