@@ -99,6 +99,7 @@ static void quantize_row(const float *x, int64_t K, Act *a, int64_t b) {
     for (int64_t j = 0; j < K / 32; j++) {
         const float *xb = x + 32 * j;
         float amax = 0.f;
+#pragma omp simd reduction(max : amax)
         for (int t = 0; t < 32; t++) amax = fmaxf(amax, fabsf(xb[t]));
         float dj = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
         int isum = 0;
