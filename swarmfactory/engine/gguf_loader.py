@@ -84,7 +84,8 @@ class QuantTensor:
 
     def take(self, rows: np.ndarray) -> "QuantTensor":
         """The given rows (after un-permuting) as a tensor of their own, still in stored form."""
-        raw = self._rows(self.raw)[np.asarray(rows, dtype=np.int64)]
+        idx = np.asarray(rows, dtype=np.int64)
+        raw = self.raw[idx if self.row_perm is None else self.row_perm[idx]]
         return QuantTensor(self.name, self.qtype, len(raw), self.cols, raw)
 
     def dequantize(self) -> torch.Tensor:
