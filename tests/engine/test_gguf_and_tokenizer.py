@@ -41,6 +41,15 @@ def test_q4_1_blocks_dequantize_to_d_q_plus_m(gg):
     assert torch.equal(w, expect.view(t.rows, t.cols))
 
 
+def test_take_returns_the_same_rows_as_dequantize(gg):
+    import torch
+
+    rows = [5, 0, 63, 64, 575]
+    for name in ("blk.0.attn_q.weight", "token_embd.weight"):  # permuted and plain rows
+        t = gg.tensor(name)
+        assert torch.equal(t.take(rows).dequantize(), t.dequantize()[rows])
+
+
 @pytest.fixture(scope="module")
 def tok(gg):
     return Tokenizer(gg.metadata)
