@@ -22,12 +22,18 @@ def free_port() -> int:
 class LocalEngine:
     """Starts ``swarmfactory engine serve`` in the background; ``stop`` (or the context) ends it."""
 
-    def __init__(self, cpus: list[int] | None = None, threads: int | None = None, timeout_s: float = 300):
+    def __init__(self, cpus: list[int] | None = None, threads: int | None = None, timeout_s: float = 300,
+                 max_batch: int = 2, max_seq_len: int = 8192):
+        """``max_seq_len``: a coder prompt (problem, parent source, evidence) is ~2,000 tokens and
+        the answer up to ``--llm-max-tokens`` more, so the engine's 2,048 default would leave the
+        model 64 tokens to answer in; 8,192 is SmolLM2's trained context (the engine clamps it to
+        the model's). ``max_batch``: the requests the agents keep in flight; the KV cache holds
+        ``max_batch`` x ``max_seq_len`` positions (fp32 KV: about 380 MB per sequence at 8,192 for SmolLM2)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = tempfile.NamedTemporaryFile(prefix="sf-engine-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "swarmfactory.cli", "engine", "serve", "--host", "127.0.0.1",
-               "--port", str(self.port)]
+               "--port", str(self.port), "--max-batch", str(max_batch), "--max-seq-len", str(max_seq_len)]
         if threads:
             cmd += ["--threads", str(threads)]
         if cpus and shutil.which("taskset"):

@@ -133,3 +133,25 @@ def test_llm_local_runs_our_engine_with_smollm2(tmp_path):
     answered = calls[:-1] if calls[-1]["status"] == "http" else calls
     assert answered and all(c["status"] in ("ok", "parse_error", "apply_error", "empty") for c in answered), calls
     assert all(c["completion_tokens"] > 0 and c["prompt_tokens"] > 0 for c in answered if c["status"] != "empty")
+
+
+def test_the_local_engine_leaves_room_for_a_whole_kernel():
+    """A coder prompt is ~2,000 tokens: the local engine serves SmolLM2's full 8,192-token context,
+    so a prompt over 2,048 tokens is accepted with its 1,500 completion tokens (the engine's 2,048
+    default would refuse it, or leave a shorter prompt a few dozen tokens to answer in)."""
+    import httpx
+
+    from swarmfactory.llm.local import LocalEngine
+
+    with LocalEngine(max_batch=1) as eng:
+        models = httpx.get(eng.url + "/models", timeout=10).json()["data"]
+        assert models[0]["max_model_len"] == 8192
+        body = {"model": models[0]["id"], "max_tokens": 1500, "stream": True,
+                "messages": [{"role": "user", "content": "float x; " * 800 + "\nSay hi."}]}
+        with httpx.stream("POST", eng.url + "/chat/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            first = next(line for line in r.iter_lines() if line.startswith("data:"))
+        assert json.loads(first[5:])["choices"], first  # streaming began; closing frees the slot
+        tokens = httpx.post(eng.url + "/completions", timeout=120, json={
+            "model": models[0]["id"], "prompt": body["messages"][0]["content"], "max_tokens": 1}).json()
+        assert tokens["usage"]["prompt_tokens"] > 2048, tokens["usage"]
