@@ -233,7 +233,7 @@ class Coordinator:
             verify = self.harness.config.verify_cpus
             self.local_engine = LocalEngine(cpus=list(verify) if verify else None,
                                             threads=len(verify) if verify else None,
-                                            max_batch=max(1, cfg.llm_concurrency))
+                                            max_batch=cfg.llm_concurrency)
             local_url = self.local_engine.url
         for spec in cfg.llm:
             ep = parse_endpoint(spec, None if spec == "local" else cfg.llm_model, local_url)
