@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError
 
 _IN_TREE = {"c": "swarmfactory.backends.c:CBackend"}
 _INSTANCES: dict[str, Backend] = {}
 
-__all__ = ["Artifact", "Backend", "BuildError", "get_backend", "backend_names"]
+__all__ = ["Artifact", "Backend", "BuildError", "CheatError", "get_backend", "backend_names"]
 
 
 def backend_names() -> list[str]:

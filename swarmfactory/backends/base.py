@@ -19,6 +19,11 @@ class BuildError(Exception):
         self.log = log
 
 
+class CheatError(BuildError):
+    """The candidate built, but what the compiler made of it does something a kernel must not
+    (a system call, code that runs at load time...): the outcome is `cheated`."""
+
+
 @dataclass(frozen=True)
 class Artifact:
     path: str
@@ -33,8 +38,12 @@ class Backend(ABC):
     name: str = ""
 
     @abstractmethod
-    def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None) -> Artifact:
-        """Compile ``source`` exporting ``symbol``; raise BuildError with the log on failure."""
+    def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
+              prototype: str | None = None, checks: bool = False) -> Artifact:
+        """Compile ``source`` exporting ``symbol``; raise BuildError with the log on failure.
+        ``prototype``: the declaration the source must agree with (a conflict fails the build);
+        ``checks``: inspect what the compiler produced and raise CheatError on a forbidden
+        construct."""
 
     @abstractmethod
     def versions(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError
 from swarmfactory.hardware import cpu_fingerprint
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11")
@@ -59,10 +59,19 @@ class CBackend(Backend):
             first = "missing"
         return {"cc": self.cc, "cc_version": first}
 
-    def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None) -> Artifact:
+    def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
+              prototype: str | None = None, checks: bool = False) -> Artifact:
+        """Compile ``source`` into a shared library exporting ``symbol``.
+
+        ``prototype`` is declared ahead of the source (``-include``), so a kernel whose
+        definition disagrees with the problem's ABI fails to build instead of crashing.
+        ``checks``: what the compiler produced (the preprocessed source, the assembly) is
+        inspected by ``harness.static``; a forbidden construct raises CheatError and the
+        library is not cached."""
         flags = tuple(flags or DEFAULT_FLAGS)
         key = hashlib.sha256("\0".join([source, " ".join(flags), self.versions()["cc_version"],
-                                        cpu_fingerprint()["id"], symbol]).encode()).hexdigest()[:24]
+                                        cpu_fingerprint()["id"], symbol, prototype or "",
+                                        "checked" if checks else ""]).encode()).hexdigest()[:24]
         out = cache_dir() / f"{key}.so"
         if out.exists():
             return Artifact(str(out), symbol, key, cached=True)
@@ -72,22 +81,39 @@ class CBackend(Backend):
             src = Path(tmp) / "kernel.c"
             src.write_text(source)
             tmp_out = Path(tmp) / "kernel.so"
-            cmd = [self.cc, *flags, "-shared", "-fPIC", "-Wl,--no-undefined", "-o", str(tmp_out),
-                   str(src), "-lm"]
+            extra = ["-save-temps=obj"] if checks else []
+            if prototype:
+                header = Path(tmp) / "abi.h"
+                header.write_text(f"#include <stdint.h>\n{prototype};\n")
+                extra += ["-include", str(header)]
+            cmd = [self.cc, *flags, *extra, "-shared", "-fPIC", "-Wl,--no-undefined", "-o",
+                   str(tmp_out), str(src), "-lm"]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                                       cwd=tmp, preexec_fn=_limit_compiler)
             except subprocess.TimeoutExpired as exc:
                 raise BuildError(f"compiler timed out after {BUILD_TIMEOUT_S}s") from exc
-            log = (proc.stdout + proc.stderr).replace(str(src), "kernel.c")
+            log = (proc.stdout + proc.stderr).replace(str(src), "kernel.c").replace(tmp + "/", "")
             if proc.returncode != 0:
-                raise BuildError("compile error:\n" + _excerpt(log), log)
+                msg = "compile error:\n" + _excerpt(log)
+                if prototype and ("conflicting types" in log or "incompatible" in log):
+                    msg += f"\nthe problem's ABI is: {prototype};"
+                raise BuildError(msg, log)
             syms = subprocess.run(["nm", "-D", "--defined-only", str(tmp_out)], capture_output=True,
                                   text=True, timeout=30).stdout
             if not any(line.split()[-1] == symbol for line in syms.splitlines() if line.split()):
                 raise BuildError(f"the library does not export `{symbol}` (is it static or misnamed?)", log)
-            os.replace(tmp_out, out.with_suffix(".tmp"))
-            os.replace(out.with_suffix(".tmp"), out)
+            if checks:
+                from swarmfactory.harness.static import check_assembly, check_preprocessed
+
+                pre = next(Path(tmp).glob("*.i"), None)
+                asm = next(Path(tmp).glob("*.s"), None)
+                reason = (check_preprocessed(pre.read_text(errors="replace"), "kernel.c") if pre else None) \
+                    or (check_assembly(asm.read_text(errors="replace")) if asm else None)
+                if reason:
+                    raise CheatError(reason, log)
+            os.replace(tmp_out, out.with_suffix(f".tmp{os.getpid()}"))
+            os.replace(out.with_suffix(f".tmp{os.getpid()}"), out)
         return Artifact(str(out), symbol, key, cached=False, log=log)
 
     @staticmethod

@@ -1,9 +1,10 @@
-"""A killable, resource-limited worker process and the requests the coordinator sends it.
+"""The trusted worker process (our PyTorch baselines) and the requests the harness sends it.
 
-Each worker runs in its own process group and session, in a private temp dir, with an
-environment reduced to an allow-list (no API keys or other secrets), CPU-time, address-space,
-file-size and core-dump limits, and, where the kernel lets us, its own empty network namespace.
-Every request has a deadline; a worker that misses it is killed with its whole group.
+Candidate code never runs here (see candidate.py and driver.c). A trusted worker still runs in
+its own process group and session, with an environment reduced to an allow-list (no API keys or
+other secrets) and resource limits; every request has a deadline. It speaks length-prefixed
+pickle, which is safe only because nothing untrusted can reach its pipes. While another
+contender is timed it is frozen (SIGSTOP), so its idle threads cannot spin on the same CPUs.
 """
 
 from __future__ import annotations
@@ -31,19 +32,24 @@ _LIVE_LOCK = threading.Lock()
 
 
 def kill_all() -> None:
-    """Kill every live worker (an interrupted run must not leave kernels spinning)."""
+    """Kill every live worker and candidate process (an interrupted run must not leave kernels
+    spinning)."""
+    from swarmfactory.harness import candidate
+
     with _LIVE_LOCK:
         workers = list(_LIVE)
     for w in workers:
         w.kill()
+    candidate.kill_all()
 
 
-def worker_env(tmpdir: str, threads: int) -> dict[str, str]:
+def worker_env(tmpdir: str) -> dict[str, str]:
+    """The environment a user has, minus secrets: no OpenMP wait policy or thread count (the
+    worker sets torch's thread count itself, to the count measured best)."""
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
-    env.update(HOME=tmpdir, TMPDIR=tmpdir, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE",
-               PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    env.update(HOME=tmpdir, TMPDIR=tmpdir, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
     return env
 
 
@@ -65,13 +71,12 @@ class Worker:
     """One sandboxed worker process. Not thread-safe: one request at a time."""
 
     def __init__(self, cpus: list[int] | None = None, mem_gb: float = 8.0, cpu_seconds: int = 600,
-                 isolate_net: bool = True, torch_threads: int | None = None, trusted: bool = False):
-        """``trusted`` (our own PyTorch baselines): keep HOME and TMPDIR, so torch.compile's cache
-        persists across runs, and allow large files (its precompiled headers); secrets are still
-        stripped. Candidate code never runs in a trusted worker."""
+                 isolate_net: bool = True, trusted: bool = False):
+        """``trusted``: keep HOME and TMPDIR, so torch.compile's cache persists across runs, and
+        allow large files (its precompiled headers); secrets are still stripped."""
         self.tmpdir = tempfile.mkdtemp(prefix="sf-worker-")
         self.cpus = sorted(cpus) if cpus else sorted(os.sched_getaffinity(0))
-        threads = torch_threads or len(self.cpus)
+        self.frozen = False
         p_in_r, p_in_w = os.pipe()
         p_out_r, p_out_w = os.pipe()
         self.log_path = os.path.join(self.tmpdir, "worker.log")
@@ -79,7 +84,7 @@ class Worker:
         cmd = [sys.executable, "-m", "swarmfactory.harness.worker", str(p_in_r), str(p_out_w)]
         if self.cpus != sorted(os.sched_getaffinity(0)) and shutil.which("taskset"):
             cmd = ["taskset", "-c", ",".join(map(str, self.cpus))] + cmd
-        env = worker_env(self.tmpdir, threads)
+        env = worker_env(self.tmpdir)
         if trusted:
             for k in ("HOME", "TMPDIR"):
                 if k in os.environ:
@@ -98,8 +103,23 @@ class Worker:
         with _LIVE_LOCK:
             _LIVE.add(self)
 
+    def freeze(self) -> None:
+        """Stop the whole process while others are timed (its threads cannot spin meanwhile)."""
+        if not self.frozen and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen:
+            self.frozen = False
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def request(self, msg: dict, timeout: float, stage: str) -> dict:
         """Send ``msg``; return the reply or raise Rejected (crash / timeout / error)."""
+        self.thaw()
         try:
             protocol.send(self.fd_w, msg)
         except (BrokenPipeError, OSError):
@@ -139,6 +159,7 @@ class Worker:
             return ""
 
     def kill(self) -> None:
+        self.thaw()
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -150,6 +171,7 @@ class Worker:
             pass
 
     def close(self) -> None:
+        self.thaw()
         if self.proc.poll() is None:
             try:
                 protocol.send(self.fd_w, {"op": "exit"})

@@ -1,17 +1,15 @@
-"""The harness worker: the only process that ever runs candidate code.
+"""The trusted worker: our own PyTorch baselines and eager references, never candidate code.
 
-Started by ``sandbox.Worker`` as ``python -m swarmfactory.harness.worker IN_FD OUT_FD`` inside a
-private temp dir, with resource limits and a stripped environment. It keeps input/output buffers
-per *slot* (one per shape), so successive trials reuse the same addresses with new contents: a
-kernel that caches results by pointer shows it. It never judges anything: it returns raw outputs
-and raw timings, and the coordinator checks both.
+Started by ``sandbox.Worker`` as ``python -m swarmfactory.harness.worker IN_FD OUT_FD``. It runs
+in the environment a user has (no OpenMP wait policy or thread count set for it), at the thread
+count the harness found best for the baseline, and times its own loops: it is trusted, and a
+self-timed loop carries none of the exchange overhead. Candidate code runs only in the C driver
+(driver.c), which speaks a fixed binary format and nothing else.
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import hashlib
 import importlib
 import importlib.util
 import sys
@@ -20,14 +18,6 @@ import time
 import numpy as np
 
 from swarmfactory.harness import protocol
-
-CTYPES = {"int": ctypes.c_int64, "float": ctypes.c_float}
-
-
-def digest(arrays: dict) -> dict:
-    return {k: hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=16).hexdigest()
-            for k, v in arrays.items() if isinstance(v, np.ndarray)}
-
 
 def _load_problem(source: str):
     if source.endswith(".py"):
@@ -43,65 +33,6 @@ def _load_problem(source: str):
     return module.PROBLEM
 
 
-class CandidateRunner:
-    """Calls a C symbol with the problem's ABI on persistent numpy buffers."""
-
-    def __init__(self, path: str, symbol: str, args: list):
-        from swarmfactory.backends.c import CBackend
-
-        self.args = args  # [(name, kind, dtype)]
-        argtypes = [ctypes.c_void_p if kind in ("in", "out") else CTYPES[kind] for _, kind, _ in args]
-        self.fn = CBackend.load(path, symbol, argtypes)
-        self.slots: dict = {}
-
-    def set(self, slot, inputs: dict, out_shapes: dict) -> None:
-        old = self.slots.get(slot)
-        if old is None or any(old["bufs"][k].shape != np.shape(v) for k, v in inputs.items()
-                              if isinstance(v, np.ndarray)):
-            bufs = {k: np.array(v, copy=True, order="C") for k, v in inputs.items()
-                    if isinstance(v, np.ndarray)}
-            bufs.update({k: np.empty(s, dtype=np.float32) for k, s in out_shapes.items()})
-        else:
-            bufs = old["bufs"]
-            for k, v in inputs.items():
-                if isinstance(v, np.ndarray):
-                    np.copyto(bufs[k], v)
-        call_args = []
-        for name, kind, _ in self.args:
-            if kind in ("in", "out"):
-                call_args.append(bufs[name].ctypes.data)
-            else:
-                call_args.append(CTYPES[kind](inputs[name]))
-        outs = [name for name, kind, _ in self.args if kind == "out"]
-        self.slots[slot] = {"bufs": bufs, "call": call_args, "outs": outs}
-
-    def call(self, slot, poison: float = float("nan")) -> dict:
-        s = self.slots[slot]
-        for k in s["outs"]:
-            s["bufs"][k].fill(poison)
-        self.fn(*s["call"])
-        return {"outputs": {k: s["bufs"][k].copy() for k in s["outs"]},
-                "inputs": digest({k: v for k, v in s["bufs"].items() if k not in s["outs"]})}
-
-    def time(self, slots: list, iters: int, want_outputs: bool) -> dict:
-        calls = [self.slots[s]["call"] for s in slots]
-        for s in slots:
-            for k in self.slots[s]["outs"]:
-                self.slots[s]["bufs"][k].fill(float("nan"))
-        fn, n = self.fn, len(calls)
-        gc.disable()
-        t0 = time.perf_counter_ns()
-        for i in range(iters):
-            fn(*calls[i % n])
-        t1 = time.perf_counter_ns()
-        gc.enable()
-        out = {"ns": t1 - t0}
-        if want_outputs:
-            out["outputs"] = {s: {k: self.slots[s]["bufs"][k].copy() for k in self.slots[s]["outs"]}
-                              for s in slots}
-        return out
-
-
 class BaselineRunner:
     """Runs one of a problem's PyTorch baselines (eager or torch.compile'd)."""
 
@@ -109,6 +40,7 @@ class BaselineRunner:
         import torch
 
         torch.set_num_threads(max(1, threads))
+        self.threads = threads
         self.torch = torch
         self.problem = _load_problem(problem_source)
         if name == "eager-reference":
@@ -160,10 +92,7 @@ def serve(fd_in: int, fd_out: int) -> None:
             return
         op = msg["op"]
         try:
-            if op == "load_c":
-                runner = CandidateRunner(msg["path"], msg["symbol"], msg["args"])
-                reply = {"ok": True}
-            elif op == "load_baseline":
+            if op == "load_baseline":
                 runner = BaselineRunner(msg["problem"], msg["name"], msg["mode"], msg["threads"])
                 reply = {"ok": True}
             elif op == "set":

@@ -42,6 +42,10 @@ class Arg:
     name: str
     kind: ArgKind
     dtype: str = "float32"
+    # elements per unit when timed inputs are mutated between calls (one unit of every input is
+    # replaced by a valid unit from another draw): 1 for plain arrays; a whole quantised block
+    # (e.g. 20 bytes of Q4_1) where a single element alone would not be a valid value
+    block: int = 1
 
     def c_decl(self) -> str:
         if self.kind == "in":
@@ -68,10 +72,14 @@ class Case:
     seed: int
     dist: str = "normal"
     origin: str = "seed"  # "seed" (bundled), "workload", or the agent that found it
+    # scalar arguments fixed by the case (e.g. {"eps": 1e-3}); the others come from make_inputs
+    params: Mapping[str, float] = field(default_factory=dict)
 
     def key(self) -> str:
-        return json.dumps({"shape": dict(self.shape), "seed": self.seed, "dist": self.dist},
-                          sort_keys=True)
+        d = {"shape": dict(self.shape), "seed": self.seed, "dist": self.dist}
+        if self.params:
+            d["params"] = {k: float(v) for k, v in self.params.items()}
+        return json.dumps(d, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -106,11 +114,25 @@ class Problem:
     eager: Callable[[dict[str, Any]], Callable[[], Any]] | None = None
     # Shapes the ABI admits beyond "every dim >= 1" (e.g. k % 32 == 0); new cases must satisfy it.
     shape_constraint: Callable[[Shape], bool] | None = None
+    # Large shapes verified under a few distributions only (normal + special), to keep eval
+    # affordable: rows of 16k-64k columns, 4x the largest workload, and the like.
+    stress_shapes: tuple[Mapping[str, int], ...] = ()
+    # Per-output absolute tolerance for one case, where a fixed atol cannot fit every magnitude
+    # (atol_for(expected, inputs) -> {output: float or array}); None: tolerance.atol.
+    atol_for: Callable[[dict, dict], dict] | None = None
+    # Scalar arguments a case (or the adversary) may set, with their realistic range (lo, hi).
+    param_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     source_path: str = ""
+    note: str = ""  # e.g. how a KernelBench file was scaled down to fit
 
     @property
     def c_signature(self) -> str:
         return f"void {self.name}({', '.join(a.c_decl() for a in self.args)})"
+
+    @property
+    def c_prototype(self) -> str:
+        """The declaration every candidate is compiled against (``restrict`` is allowed on top)."""
+        return self.c_signature
 
     @property
     def inputs(self) -> tuple[Arg, ...]:
@@ -129,6 +151,7 @@ class Problem:
         blob = json.dumps({
             "name": self.name, "version": self.version, "sig": self.c_signature,
             "workload": [dict(s) for s in self.workload], "edge": [dict(s) for s in self.edge_shapes],
+            "stress": [dict(s) for s in self.stress_shapes], "params": dict(self.param_ranges),
             "dists": self.dists, "tol": dataclasses.asdict(self.tolerance),
             "template": self.template, "knobs": {k: list(v) for k, v in self.knobs.items()},
             "baselines": sorted(self.baselines),  # speedups are relative to them
@@ -136,15 +159,32 @@ class Problem:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def seed_cases(self) -> list[Case]:
-        """The bundled validation set: every edge and workload shape under every distribution."""
+        """The bundled validation set: every edge and workload shape under every distribution,
+        the stress shapes under the first and the special-valued distributions. Scalar
+        arguments are drawn per case by ``make_inputs`` (from the case's seed)."""
         cases: list[Case] = []
         for i, shape in enumerate(self.edge_shapes):
             for j, dist in enumerate(self.dists):
                 for s in range(self.seeds_per_case if dist == "normal" else 1):
                     cases.append(Case(dict(shape), seed=1000 * i + 10 * j + s, dist=dist))
+        stress_dists = [self.dists[0]] + [d for d in self.dists[1:] if d == "special"]
+        for i, shape in enumerate(self.stress_shapes):
+            for j, dist in enumerate(stress_dists):
+                cases.append(Case(dict(shape), seed=500_000 + 1000 * i + j, dist=dist))
         for i, shape in enumerate(self.workload):
             cases.append(Case(dict(shape), seed=777 + i, dist="normal", origin="workload"))
         return cases
+
+    def case_inputs(self, case: Case) -> dict[str, Any]:
+        """The inputs of ``case``: the generator's draw, with the case's fixed scalars laid over."""
+        inputs = self.make_inputs(dict(case.shape), np.random.default_rng(case.seed), case.dist)
+        for k, v in case.params.items():
+            kind = next((a.kind for a in self.args if a.name == k), None)
+            if kind == "float":
+                inputs[k] = float(np.float32(v))
+            elif kind == "int":
+                inputs[k] = int(v)
+        return inputs
 
     def render(self, knobs: Mapping[str, Any] | None = None) -> str:
         """Render the template with ``knobs`` laid over the defaults."""
@@ -192,9 +232,37 @@ def gen_values(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> n
         a.reshape(-1)[1::2] *= -1
     elif dist == "positive":
         a = np.abs(rng.standard_normal(shape)) + 0.1
+    elif dist == "special":
+        return with_specials(rng, gen_values(rng, shape, "normal"))
     else:
         raise ValueError(f"unknown distribution {dist!r}")
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+SPECIALS = ("nan", "negzero", "denormal")
+
+
+def with_specials(rng: np.random.Generator, a: np.ndarray, kinds: tuple[str, ...] = SPECIALS,
+                  fraction: float = 0.01) -> np.ndarray:
+    """``a`` (fp32) with special values at random positions: NaN, -0.0, denormals, and +-inf
+    or -inf where a problem asks for them. At least one of each where ``a`` has room."""
+    a = np.array(a, dtype=np.float32, copy=True)
+    flat = a.reshape(-1)
+    values = {"nan": np.float32(np.nan), "negzero": np.float32(-0.0), "inf": np.float32(np.inf),
+              "neginf": np.float32(-np.inf)}
+    n = max(1, int(flat.size * fraction))
+    for kind in kinds:
+        idx = rng.integers(0, flat.size, n)
+        if kind == "denormal":
+            flat[idx] = (rng.uniform(1e-45, 1e-38, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+        else:
+            flat[idx] = values[kind]
+    return a
+
+
+def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """A scalar parameter drawn over its realistic range, as fp32 (what the C ABI receives)."""
+    return float(np.float32(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
 
 
 def check_problem(problem: Problem) -> None:

@@ -115,7 +115,7 @@ PROBLEM = Problem(
     version=1,
     description="y = x @ W.T with W (n x k) in GGUF Q4_1 blocks (fp16 d, fp16 m, 32 nibbles; "
                 "w = d*q + m), x fp32 (batch x k); k is a multiple of 32.",
-    args=(Arg("wq", "in", "uint8"), Arg("x", "in"), Arg("y", "out"), Arg("n", "int"),
+    args=(Arg("wq", "in", "uint8", block=BLOCK_BYTES), Arg("x", "in"), Arg("y", "out"), Arg("n", "int"),
           Arg("k", "int"), Arg("batch", "int")),
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["batch"], s["n"])},

@@ -1,0 +1,534 @@
+"""The candidate's process, seen from the trusted side.
+
+``CandidateProcess`` starts the C driver (driver.c) on a shared ``Arena`` and talks to it in
+fixed-size binary records: 64-byte commands in, 32-byte replies out, parsed strictly and read
+with a bound on size and time. Nothing it sends is executable or trusted: a reply only says
+"done" (and the floating-point control state); every output, input and guard zone is checked
+here against the trusted side's own copies.
+
+Time is the trusted side's too. The driver stops itself (SIGSTOP) after each reply; a command
+runs from the SIGCONT sent here to the moment the kernel reports the process stopped, so a
+forged early reply cannot shorten it, and nothing the candidate leaves running can overlap the
+baseline's timing (the whole process is frozen). Long timing samples end asynchronously: the
+trusted side stops the process at a random moment the candidate cannot anticipate, and checks
+the call counter against the inputs' replayed mutations.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from swarmfactory.harness.arena import Arena
+from swarmfactory.harness.isolation import Containment, seccomp_state
+from swarmfactory.harness.outcome import Outcome, Rejected
+
+CMD = struct.Struct("<IIIIQQII24x")
+REPLY = struct.Struct("<IIIIQQ")
+MAGIC_CMD, MAGIC_REPLY = 0x53464344, 0x53465250
+OP_CALL, OP_BATCH, OP_EXIT = 1, 2, 3
+ST_OK, ST_BAD_COMMAND, ST_LOAD_FAILED, ST_NO_SYMBOL, ST_READY, ST_BAD_SLOT = range(6)
+EXIT_FORBIDDEN = 159
+UNBOUNDED = (1 << 64) - 1
+CLONE_NEWNET = 0x40000000
+DRIVER_SOURCE = Path(__file__).with_name("driver.c")
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL")
+_SYSCALL_NAMES = """read write open close stat fstat lstat poll lseek mmap mprotect munmap brk
+rt_sigaction rt_sigprocmask ioctl pread64 pwrite64 readv writev access pipe pipe2 select sched_yield
+mremap msync mincore madvise shmget shmat dup dup2 dup3 pause nanosleep getitimer alarm setitimer
+getpid sendfile socket connect accept accept4 sendto recvfrom sendmsg recvmsg shutdown bind listen
+socketpair clone clone3 fork vfork execve execveat exit wait4 waitid kill tkill tgkill uname fcntl
+flock fsync truncate ftruncate getdents getdents64 getcwd chdir fchdir rename renameat renameat2
+mkdir mkdirat rmdir creat link linkat unlink unlinkat symlink readlink readlinkat chmod fchmod
+chown ptrace getuid syslog setuid setgid setsid setpgid getppid prctl arch_prctl setrlimit
+prlimit64 mount umount2 reboot sethostname init_module delete_module gettid futex
+sched_setaffinity sched_getaffinity set_tid_address exit_group epoll_create epoll_create1
+epoll_ctl epoll_wait openat newfstatat statx unshare setns process_vm_readv process_vm_writev
+perf_event_open memfd_create bpf seccomp io_uring_setup io_uring_enter pidfd_open pidfd_send_signal
+pidfd_getfd userfaultfd timer_create signalfd signalfd4 eventfd eventfd2 inotify_init1 mknod
+mknodat sysinfo times personality sigaltstack rt_sigreturn rt_sigqueueinfo rt_tgsigqueueinfo
+getrandom clock_gettime clock_nanosleep gettimeofday restart_syscall keyctl add_key request_key
+kexec_load kcmp open_by_handle_at name_to_handle_at fanotify_init move_pages migrate_pages mbind
+set_mempolicy vmsplice splice tee process_madvise landlock_create_ruleset openat2 faccessat
+faccessat2 fchmodat fchownat utimensat""".split()
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    fp_before: int
+    fp_after: int
+    calls: int
+    seccomp: int
+
+
+# -- building the driver ----------------------------------------------------------------------------
+_BUILD_LOCK = threading.Lock()
+
+
+def _cache_dir() -> Path:
+    from swarmfactory.backends.c import cache_dir
+
+    return cache_dir()
+
+
+@cache
+def driver_path() -> str:
+    """The driver, compiled once per compiler and source (portable flags: it runs no SIMD)."""
+    from swarmfactory.backends.c import CBackend
+
+    cc = CBackend()
+    src = DRIVER_SOURCE.read_text()
+    key = hashlib.sha256((src + cc.versions()["cc_version"]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"sf-driver-{key}"
+    with _BUILD_LOCK:
+        if not out.exists():
+            tmp = out.with_suffix(f".tmp{os.getpid()}")
+            proc = subprocess.run([cc.cc, "-O2", "-fopenmp", "-o", str(tmp), str(DRIVER_SOURCE),
+                                   "-Wl,--no-as-needed", "-lm", "-ldl"],
+                                  capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"cannot build the candidate driver: {proc.stderr[-2000:]}")
+            os.replace(tmp, out)
+    return str(out)
+
+
+@cache
+def syscall_names() -> dict[int, str]:
+    """This machine's system-call numbers, from its own headers (so right on any architecture)."""
+    from swarmfactory.backends.c import CBackend
+
+    lines = "\n".join(f'#ifdef SYS_{n}\nprintf("%d {n}\\n", (int)SYS_{n});\n#endif' for n in _SYSCALL_NAMES)
+    src = f"#include <stdio.h>\n#include <sys/syscall.h>\nint main(void) {{\n{lines}\nreturn 0;}}\n"
+    out = _cache_dir() / f"sf-syscalls-{hashlib.sha256(src.encode()).hexdigest()[:12]}.json"
+    if out.exists():
+        return {int(k): v for k, v in json.loads(out.read_text()).items()}
+    names: dict[int, str] = {}
+    with tempfile.TemporaryDirectory(prefix="sf-sys-") as tmp:
+        c, exe = Path(tmp) / "s.c", Path(tmp) / "s"
+        c.write_text(src)
+        if subprocess.run([CBackend().cc, "-o", str(exe), str(c)], capture_output=True).returncode == 0:
+            for line in subprocess.run([str(exe)], capture_output=True, text=True).stdout.splitlines():
+                nr, name = line.split()
+                names.setdefault(int(nr), name)
+    tmp_out = out.with_suffix(f".tmp{os.getpid()}")
+    tmp_out.write_text(json.dumps(names))
+    os.replace(tmp_out, out)
+    return names
+
+
+# -- the process ------------------------------------------------------------------------------------
+def _preexec(cpus: list[int], mem_bytes: int, cpu_seconds: int, isolate_net: bool):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
+        if isolate_net:
+            import ctypes
+
+            try:
+                ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
+            except (OSError, AttributeError):
+                pass  # not permitted here: the system-call allow-list forbids sockets anyway
+    return apply
+
+
+class _Watchdog:
+    """Kills the process group when a deadline passes (one thread per process, re-armed)."""
+
+    def __init__(self, kill):
+        self.kill, self.deadline, self.fired, self.closed = kill, None, False, False
+        self.cv = threading.Condition()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="sf-watchdog")
+        self.thread.start()
+
+    def arm(self, seconds: float) -> None:
+        with self.cv:
+            self.deadline = time.monotonic() + seconds
+            self.cv.notify()
+
+    def disarm(self) -> None:
+        with self.cv:
+            self.deadline = None
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+
+    def _run(self) -> None:
+        with self.cv:
+            while not self.closed:
+                if self.deadline is None:
+                    self.cv.wait()
+                    continue
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    self.fired, self.deadline = True, None
+                    self.kill()
+                else:
+                    self.cv.wait(left)
+
+
+class CandidateProcess:
+    """One candidate library loaded in a fresh, locked-down driver process. One request at a time."""
+
+    def __init__(self, library: str, symbol: str, arena: Arena, cpus: list[int], threads: int,
+                 mem_gb: float = 8.0, cpu_seconds: int = 600, seccomp: bool = True,
+                 contain: bool = True, passive_wait: bool = False, load_timeout: float = 30.0):
+        """``passive_wait``: idle OpenMP threads sleep rather than spin (verification, which may
+        run more threads than CPUs; timing keeps the default a user has)."""
+        self.arena, self.symbol = arena, symbol
+        self.tmpdir = tempfile.mkdtemp(prefix="sf-cand-")
+        self.log_path = os.path.join(self.tmpdir, "driver.log")
+        self.token = secrets.token_hex(12)
+        self.containment = Containment(self.token, use_cgroup=contain)
+        self.status: int | None = None  # wait status once it died
+        self.stage = "load"
+        cmd_r, self.cmd_w = os.pipe()
+        self.reply_r, reply_w = os.pipe()
+        os.set_blocking(self.reply_r, False)
+        env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+        env.update(HOME=self.tmpdir, TMPDIR=self.tmpdir, OMP_NUM_THREADS=str(threads),
+                   OMP_THREAD_LIMIT=str(threads), SWARMFACTORY_SANDBOX=self.token)
+        if passive_wait:
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+        argv = [driver_path(), str(cmd_r), str(reply_w), str(arena.fd), str(arena.size), str(threads),
+                "1" if seccomp else "0", os.path.abspath(library), symbol]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.tmpdir, env=env,
+                pass_fds=(cmd_r, reply_w, arena.fd), start_new_session=True,
+                preexec_fn=_preexec(cpus, int(mem_gb * (1 << 30)), cpu_seconds, True))
+        os.close(cmd_r)
+        os.close(reply_w)
+        self.pid = self.proc.pid
+        self.watchdog = _Watchdog(self._kill_group)
+        _register(self)
+        self.isolation = {"seccomp": False, "containment": "process group"}
+        try:
+            self._start(seccomp, load_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, seccomp: bool, load_timeout: float) -> None:
+        symbol = self.symbol
+        # 1. READY: stopped before any candidate code ran, already locked for loading
+        self._wait(load_timeout, "load")
+        ready = self._take_reply("load")
+        if ready.status != ST_READY:
+            raise Rejected(Outcome.CRASHED, f"the driver did not start (status {ready.status})", "load")
+        mode, filters = seccomp_state(self.pid)
+        self.containment.adopt(self.pid)
+        self.isolation = {"seccomp": mode == 2 and filters >= 1, "containment": self.containment.mechanism,
+                          "network": "own namespace" if _own_netns(self.pid) else "shared"}
+        if seccomp and not self.isolation["seccomp"]:
+            self.isolation["seccomp_error"] = self.log_tail()
+        # 2. load the library (its constructors run under the load filter), then the serve filter
+        os.kill(self.pid, signal.SIGCONT)
+        self._wait(load_timeout, "load")
+        loaded = self._take_reply("load")
+        if loaded.status == ST_LOAD_FAILED:
+            raise Rejected(Outcome.BUILD_FAILED, f"cannot load the library: {self.log_tail()}", "load")
+        if loaded.status == ST_NO_SYMBOL:
+            raise Rejected(Outcome.BUILD_FAILED, f"the library does not export `{symbol}`", "load")
+        if loaded.status != ST_OK:
+            raise Rejected(Outcome.CRASHED, f"the driver failed to load the library (status {loaded.status})", "load")
+        if seccomp:
+            mode, filters = seccomp_state(self.pid)
+            self.isolation["seccomp"] = mode == 2 and filters >= 2
+        self.fp_state = loaded.fp_before
+        self.threads = self.containment.threads(self.pid)
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def _send(self, op, first, n, iters, seed, mutate, magic=MAGIC_CMD) -> None:
+        data = CMD.pack(magic, op, first, n, iters, seed, mutate, 0)
+        try:
+            os.write(self.cmd_w, data)  # 64 bytes: atomic on a pipe
+        except OSError:
+            raise self._death(self.stage) from None
+
+    def _wait(self, timeout: float, stage: str) -> None:
+        """Block until the process is stopped again; raise Rejected if it died or ran out of time."""
+        self.watchdog.arm(timeout)
+        try:
+            while True:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WUNTRACED)
+                except ChildProcessError:
+                    status = self.status if self.status is not None else 0
+                    break
+                except InterruptedError:
+                    continue
+                if pid == self.pid:
+                    if os.WIFSTOPPED(status):
+                        return
+                    self.status = status
+                    break
+        finally:
+            self.watchdog.disarm()
+        raise self._death(stage)
+
+    def _take_reply(self, stage: str, allow: set[int] | None = None) -> Reply:
+        try:
+            data = os.read(self.reply_r, 4096)
+        except BlockingIOError:
+            data = b""
+        except OSError:
+            data = b""
+        if len(data) != REPLY.size:
+            self.kill()
+            what = "no reply" if not data else f"a malformed reply of {len(data)} bytes"
+            raise Rejected(Outcome.CRASHED, f"the candidate's process stopped with {what} during "
+                           f"{stage} (it must not write to the harness's pipe)", stage)
+        magic, status, fp_before, fp_after, calls, seccomp = REPLY.unpack(data)
+        if magic != MAGIC_REPLY or status > ST_BAD_SLOT or (allow is not None and status not in allow):
+            self.kill()
+            raise Rejected(Outcome.CRASHED, f"the candidate's process sent a malformed reply during "
+                           f"{stage} (magic {magic:#x}, status {status})", stage)
+        return Reply(status, fp_before, fp_after, calls, seccomp)
+
+    def _exchange(self, op, first, n, iters, seed, mutate, timeout, stage) -> tuple[Reply, int]:
+        self.stage = stage
+        self._send(op, first, n, iters, seed, mutate)
+        t0 = time.perf_counter_ns()
+        os.kill(self.pid, signal.SIGCONT)
+        self._wait(timeout, stage)
+        elapsed = time.perf_counter_ns() - t0
+        reply = self._take_reply(stage)
+        if reply.status != ST_OK:
+            self.kill()
+            raise Rejected(Outcome.CRASHED, f"the driver refused a command during {stage} (status "
+                           f"{reply.status}: the candidate corrupted its memory?)", stage)
+        self._check_fp(reply, stage)
+        return reply, elapsed
+
+    def _check_fp(self, reply: Reply, stage: str) -> None:
+        if reply.fp_after != reply.fp_before:
+            self.kill()
+            raise Rejected(Outcome.CHEATED, f"the kernel changed the floating-point control state "
+                           f"({_fp_text(reply.fp_before)} -> {_fp_text(reply.fp_after)}) and left it "
+                           "changed: a kernel must leave its caller's rounding and denormal modes as "
+                           "it found them", stage)
+
+    # -- requests ---------------------------------------------------------------------------------
+    def call(self, slot: int, timeout: float, stage: str) -> Reply:
+        return self._exchange(OP_CALL, slot, 1, 1, 0, 0, timeout, stage)[0]
+
+    def batch(self, first: int, n: int, iters: int, seed: int, timeout: float, stage: str) -> int:
+        """``iters`` calls rotating over slots first..first+n-1, inputs mutated before each; the
+        trusted side's nanoseconds for all of it."""
+        reply, elapsed = self._exchange(OP_BATCH, first, n, iters, seed, 1, timeout, stage)
+        if reply.calls != iters:
+            self.kill()
+            raise Rejected(Outcome.CRASHED, f"the driver made {reply.calls} calls of {iters}", stage)
+        return elapsed
+
+    def run_for(self, first: int, n: int, seed: int, seconds: float, timeout: float, stage: str,
+                min_calls: int = 1) -> tuple[int, int]:
+        """Calls rotating over the slots until stopped from here after ``seconds``; returns
+        (calls the driver counted, trusted nanoseconds). Where fewer than ``min_calls`` were made
+        (a busy machine gave the process no CPU), it is continued for further windows and their
+        times add up. The process is left stopped mid-loop: check what it produced, then ``halt``."""
+        self.stage = stage
+        self.arena.reset_header()
+        self._send(OP_BATCH, first, n, UNBOUNDED, seed, 1)
+        total, give_up = 0, time.monotonic() + timeout
+        while True:
+            t0 = time.perf_counter_ns()
+            os.kill(self.pid, signal.SIGCONT)
+            time.sleep(seconds)
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+            self._wait(timeout, stage)
+            total += time.perf_counter_ns() - t0
+            calls = self.arena.counter
+            if calls >= min_calls or time.monotonic() > give_up:
+                return calls, total
+
+    def halt(self, timeout: float, stage: str) -> None:
+        """End a ``run_for`` loop: the driver finishes its call, replies and stops."""
+        self.arena.set_halt()
+        os.kill(self.pid, signal.SIGCONT)
+        self._wait(timeout, stage)
+        reply = self._take_reply(stage)
+        self._check_fp(reply, stage)
+
+    # -- the end ----------------------------------------------------------------------------------
+    def strays(self) -> list[int]:
+        return self.containment.strays() if self.proc.poll() is None or self.status is None else \
+            self.containment.members()
+
+    def check_contained(self, stage: str) -> None:
+        """Before a verdict: nothing but the driver (and its pool threads) may be alive."""
+        strays = [p for p in self.containment.members() if p != self.pid]
+        if strays:
+            detail = ", ".join(f"{p} ({_comm(p)})" for p in strays[:5])
+            self.containment.kill_all()
+            raise Rejected(Outcome.CHEATED, f"the candidate left {len(strays)} process(es) running "
+                           f"outside the call: {detail}; all were killed "
+                           f"(found by {self.containment.mechanism})", stage)
+        now = self.containment.threads(self.pid)
+        if now is not None and self.threads is not None and now > self.threads:
+            raise Rejected(Outcome.CHEATED, f"the candidate's process has {now} threads, "
+                           f"{self.threads} after loading: it started threads of its own", stage)
+
+    def _kill_group(self) -> None:
+        for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
+            try:
+                target()
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.containment.kill_all()
+
+    def kill(self) -> None:
+        self._kill_group()
+
+    def close(self) -> None:
+        self.watchdog.close()
+        self._kill_group()
+        if self.status is None:
+            try:
+                _, self.status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+        self.containment.close()
+        for fd in (self.cmd_w, self.reply_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _unregister(self)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def log_tail(self, n: int = 600) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _death(self, stage: str) -> Rejected:
+        if self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == self.pid:
+                    self.status = status
+            except ChildProcessError:
+                pass
+            if self.status is None:
+                self._kill_group()
+                try:
+                    _, self.status = os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    self.status = 0
+        st, tail = self.status, self.log_tail()
+        if self.watchdog.fired:
+            return Rejected(Outcome.TIMED_OUT, f"no answer in time during {stage}; the process was killed", stage)
+        if os.WIFEXITED(st) and os.WEXITSTATUS(st) == EXIT_FORBIDDEN:
+            m = re.search(r"forbidden system call (\d+)", tail)
+            name = syscall_names().get(int(m.group(1)), f"#{m.group(1)}") if m else "unknown"
+            return Rejected(Outcome.CHEATED, f"the kernel made the forbidden system call `{name}` "
+                            f"during {stage} (kernels compute; they do not start threads or processes, "
+                            "open files or sockets, or signal other processes); the sandbox killed it",
+                            stage, syscall=name)
+        if os.WIFSIGNALED(st):
+            sig = os.WTERMSIG(st)
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            detail = f"killed by {name} during {stage}"
+            if sig == signal.SIGXCPU:
+                detail += " (CPU-time limit)"
+            elif sig == signal.SIGXFSZ:
+                detail += " (it wrote too much output)"
+        else:
+            detail = f"exited with status {os.WEXITSTATUS(st)} during {stage} (the kernel called exit?)"
+        if tail and "swarmfactory-sandbox" not in tail:
+            detail += f"; its output ends: {tail[-300:]}"
+        return Rejected(Outcome.CRASHED, "the candidate's process " + detail, stage,
+                        exit_code=os.WEXITSTATUS(st) if os.WIFEXITED(st) else -os.WTERMSIG(st))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _fp_text(v: int) -> str:
+    if sys.platform == "linux" and os.uname().machine in ("x86_64", "AMD64"):
+        modes = []
+        if v & 0x8000:
+            modes.append("flush-to-zero")
+        if v & 0x0040:
+            modes.append("denormals-are-zero")
+        rc = (v >> 13) & 3
+        if rc:
+            modes.append(("round-down", "round-up", "round-toward-zero")[rc - 1])
+        return f"MXCSR {v:#06x}" + (f" ({', '.join(modes)})" if modes else "")
+    return f"FPCR {v:#x}"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _own_netns(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
+# -- every live candidate process, so an interrupted run kills them all -----------------------------
+_LIVE: dict[int, CandidateProcess] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _register(p: CandidateProcess) -> None:
+    with _LIVE_LOCK:
+        _LIVE[id(p)] = p
+
+
+def _unregister(p: CandidateProcess) -> None:
+    with _LIVE_LOCK:
+        _LIVE.pop(id(p), None)
+
+
+def kill_all() -> None:
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+    for p in procs:
+        p.kill()

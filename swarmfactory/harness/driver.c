@@ -1,0 +1,369 @@
+/* The candidate driver: the only process that ever runs candidate code.
+ *
+ * Started by the harness (sandbox.py) as
+ *     sf-driver CMD_FD REPLY_FD ARENA_FD ARENA_BYTES THREADS SECCOMP LIBRARY SYMBOL
+ * It maps the shared arena (inputs, outputs, guard zones and the slot table, all written by the
+ * trusted side), warms the OpenMP pool, locks itself down, loads the candidate's library and then
+ * serves fixed-size commands: CALL one slot, or BATCH many calls rotating over slots with a
+ * fresh unit of every input replaced before each call. After every reply it stops itself
+ * (SIGSTOP): the trusted side times a batch from the SIGCONT it sends to the moment it sees the
+ * process stopped, so nothing this process says, and no work it leaves behind, can shorten a
+ * measurement. It never times, compares or judges anything.
+ *
+ * Lock-down (SECCOMP=1): a system-call allow-list in two steps, applied to every thread.
+ *   load:  no new threads or processes, no sockets, no signals to others, no files opened for
+ *          writing (the dynamic loader may still read and map the library);
+ *   serve: additionally no files at all, no executable mappings, reads only from the command
+ *          pipe and writes only to the reply pipe and stderr.
+ * A forbidden call traps: the handler names it on stderr and exits with status 159.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define SF_AUDIT_ARCH AUDIT_ARCH_X86_64
+static uint32_t fp_state(void) { return _mm_getcsr() & ~0x3fu; }  /* control bits, not sticky flags */
+static void fp_restore(uint32_t v) { _mm_setcsr(v); }
+#elif defined(__aarch64__)
+#define SF_AUDIT_ARCH AUDIT_ARCH_AARCH64
+static uint32_t fp_state(void) { uint64_t v; __asm__ volatile("mrs %0, fpcr" : "=r"(v)); return (uint32_t)v; }
+static void fp_restore(uint32_t v) { uint64_t w = v; __asm__ volatile("msr fpcr, %0" : : "r"(w)); }
+#else
+#error "the candidate driver supports x86-64 and aarch64"
+#endif
+
+#define MAGIC_CMD 0x53464344u   /* "DCFS" */
+#define MAGIC_REPLY 0x53465250u /* "PRFS" */
+#define EXIT_FORBIDDEN 159
+#define MAX_ARGS 24
+#define MAX_SLOTS 256
+#define TABLE_OFFSET 4096
+
+enum { OP_CALL = 1, OP_BATCH = 2, OP_EXIT = 3 };
+enum { ST_OK = 0, ST_BAD_COMMAND = 1, ST_LOAD_FAILED = 2, ST_NO_SYMBOL = 3, ST_READY = 4,
+       ST_BAD_SLOT = 5 };
+enum { K_IN = 1, K_OUT = 2, K_INT = 3, K_FLOAT = 4 };
+
+struct cmd { uint32_t magic, op, slot_first, nslots; uint64_t iters, seed; uint32_t mutate, pad;
+             uint64_t reserved[3]; };
+struct reply { uint32_t magic, status, fp_before, fp_after; uint64_t calls, seccomp; };
+struct arg { uint32_t kind, unit; uint64_t off, count, donor_off, donor_count; int64_t ival;
+             double fval; };
+struct slot { uint32_t nargs, pad; struct arg args[MAX_ARGS]; };
+
+_Static_assert(sizeof(struct cmd) == 64, "command size");
+_Static_assert(sizeof(struct reply) == 32, "reply size");
+_Static_assert(sizeof(struct arg) == 56, "arg size");
+
+typedef void (*kernel_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          float, float, float, float, float, float, float, float);
+
+static int cmd_fd, reply_fd;
+static unsigned char *arena;
+static uint64_t arena_bytes;
+
+/* ---- seccomp ------------------------------------------------------------------------------- */
+struct prog { struct sock_filter f[256]; int n; };
+
+static void emit(struct prog *p, struct sock_filter s) { if (p->n < 256) p->f[p->n++] = s; }
+#define LD_NR() BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
+#define ARG_LO(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args) + 8 * (i))
+#define ARG_HI(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args) + 8 * (i) + 4)
+#define RET(v) BPF_STMT(BPF_RET | BPF_K, (v))
+
+static void allow(struct prog *p, long nr) {
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 1));
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_ALLOW));
+}
+
+/* nr allowed when (args[i] & mask) == 0 (low 32 bits; the high bits must be 0 as well) */
+static void allow_arg_masked(struct prog *p, long nr, int i, uint32_t mask) {
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 6));
+    emit(p, (struct sock_filter)ARG_HI(i));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3));
+    emit(p, (struct sock_filter)ARG_LO(i));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, mask, 1, 0));
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_ALLOW));
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
+}
+
+/* nr allowed when args[i] is one of values[0..n) (64-bit compare) */
+static void allow_arg_in(struct prog *p, long nr, int i, const uint64_t *values, int n) {
+    /* layout: JEQ nr ? next : skip; then per value: LD hi; JEQ hi ? next : +3; LD lo;
+       JEQ lo ? ALLOW : next value; ... ; TRAP; ALLOW */
+    int body = 4 * n + 2;
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, body));
+    for (int k = 0; k < n; k++) {
+        int left = 4 * (n - k - 1);  /* instructions after this value's block, before TRAP */
+        emit(p, (struct sock_filter)ARG_HI(i));
+        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(values[k] >> 32), 0, 2));
+        emit(p, (struct sock_filter)ARG_LO(i));
+        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)values[k],
+                                             (uint8_t)(left + 1), 0));
+    }
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_ALLOW));
+}
+
+static void prologue(struct prog *p) {
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SF_AUDIT_ARCH, 1, 0));
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_KILL_PROCESS));
+    emit(p, (struct sock_filter)LD_NR());
+#if defined(__x86_64__)
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1)); /* x32 */
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_KILL_PROCESS));
+#endif
+}
+
+static void common(struct prog *p, pid_t self) {
+    uint64_t me = (uint64_t)self;
+    allow(p, SYS_futex); allow(p, SYS_sched_yield); allow(p, SYS_exit); allow(p, SYS_exit_group);
+    allow(p, SYS_rt_sigreturn); allow(p, SYS_rt_sigprocmask); allow(p, SYS_getpid); allow(p, SYS_gettid);
+    allow(p, SYS_clock_gettime); allow(p, SYS_gettimeofday); allow(p, SYS_nanosleep);
+    allow(p, SYS_clock_nanosleep); allow(p, SYS_sched_getaffinity); allow(p, SYS_munmap);
+    allow(p, SYS_brk); allow(p, SYS_madvise); allow(p, SYS_mremap); allow(p, SYS_restart_syscall);
+    allow(p, SYS_getrandom);
+#ifdef SYS_futex_waitv
+    allow(p, SYS_futex_waitv);
+#endif
+    allow_arg_in(p, SYS_kill, 0, &me, 1);      /* signals to itself only (abort, self-stop) */
+    allow_arg_in(p, SYS_tgkill, 0, &me, 1);
+}
+
+static int install(struct prog *p) {
+    struct sock_fprog fp = { .len = (unsigned short)p->n, .filter = p->f };
+    if (p->n >= 256) return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fp);
+}
+
+static int lock_for_load(void) {
+    struct prog p = { .n = 0 };
+    prologue(&p);
+    common(&p, getpid());
+    allow(&p, SYS_read); allow(&p, SYS_pread64); allow(&p, SYS_close); allow(&p, SYS_fstat);
+    allow(&p, SYS_newfstatat); allow(&p, SYS_lseek); allow(&p, SYS_mmap); allow(&p, SYS_mprotect);
+    allow(&p, SYS_seccomp);  /* only ever adds restrictions: the serve filter goes on top */
+#ifdef SYS_statx
+    allow(&p, SYS_statx);
+#endif
+    uint64_t writers[2] = { 2, (uint64_t)reply_fd };
+    allow_arg_in(&p, SYS_write, 0, writers, 2);
+    uint32_t wflags = O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_TMPFILE;
+    allow_arg_masked(&p, SYS_openat, 2, wflags);
+#ifdef SYS_open
+    allow_arg_masked(&p, SYS_open, 1, wflags);
+#endif
+    emit(&p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return install(&p);
+}
+
+static int lock_for_serve(void) {
+    struct prog p = { .n = 0 };
+    prologue(&p);
+    common(&p, getpid());
+    uint64_t readers[1] = { (uint64_t)cmd_fd };
+    allow_arg_in(&p, SYS_read, 0, readers, 1);
+    uint64_t writers[2] = { 2, (uint64_t)reply_fd };
+    allow_arg_in(&p, SYS_write, 0, writers, 2);
+    allow_arg_masked(&p, SYS_mmap, 2, PROT_EXEC);    /* memory, never code */
+    allow_arg_masked(&p, SYS_mprotect, 2, PROT_EXEC);
+    emit(&p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
+    return install(&p);
+}
+
+static void put_str(const char *s) { ssize_t r = write(2, s, strlen(s)); (void)r; }
+
+static void on_sigsys(int sig, siginfo_t *info, void *ctx) {
+    (void)sig; (void)ctx;
+    char buf[96], num[24];
+    int nr = info->si_syscall, k = 0;
+    unsigned v = nr < 0 ? 0u : (unsigned)nr;
+    do { num[k++] = (char)('0' + v % 10); v /= 10; } while (v && k < 20);
+    strcpy(buf, "\nswarmfactory-sandbox: forbidden system call ");
+    size_t n = strlen(buf);
+    while (k) buf[n++] = num[--k];
+    buf[n++] = '\n';
+    ssize_t r = write(2, buf, n); (void)r;
+    syscall(SYS_exit_group, EXIT_FORBIDDEN);
+}
+
+/* ---- serving ------------------------------------------------------------------------------- */
+static void send_reply(uint32_t status, uint32_t fp_before, uint32_t fp_after, uint64_t calls,
+                       uint64_t seccomp) {
+    struct reply r = { MAGIC_REPLY, status, fp_before, fp_after, calls, seccomp };
+    const char *b = (const char *)&r;
+    size_t left = sizeof r;
+    while (left) {
+        ssize_t n = write(reply_fd, b, left);
+        if (n <= 0) { if (n < 0 && errno == EINTR) continue; _exit(3); }
+        b += n; left -= (size_t)n;
+    }
+    kill(getpid(), SIGSTOP);  /* the trusted side's clock stops when it sees this */
+}
+
+static int read_cmd(struct cmd *c) {
+    char *b = (char *)c;
+    size_t left = sizeof *c;
+    while (left) {
+        ssize_t n = read(cmd_fd, b, left);
+        if (n == 0) return -1;
+        if (n < 0) { if (errno == EINTR) continue; return -1; }
+        b += n; left -= (size_t)n;
+    }
+    return 0;
+}
+
+static inline uint64_t splitmix(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+struct ready { int nargs; int64_t iv[16]; float fv[8]; struct arg *in[MAX_ARGS]; int nin; };
+
+static int prepare_slot(uint32_t s, struct ready *r) {
+    if (s >= MAX_SLOTS) return -1;
+    struct slot *sl = (struct slot *)(arena + TABLE_OFFSET + (uint64_t)s * sizeof(struct slot));
+    int ni = 0, nf = 0;
+    r->nin = 0;
+    memset(r->iv, 0, sizeof r->iv);
+    memset(r->fv, 0, sizeof r->fv);
+    if (sl->nargs > MAX_ARGS) return -1;
+    for (uint32_t a = 0; a < sl->nargs; a++) {
+        struct arg *g = &sl->args[a];
+        if (g->kind == K_IN || g->kind == K_OUT) {
+            if (g->off >= arena_bytes || ni >= 16) return -1;
+            r->iv[ni++] = (int64_t)(uintptr_t)(arena + g->off);
+            if (g->kind == K_IN && g->count && g->donor_count && g->unit) r->in[r->nin++] = g;
+        } else if (g->kind == K_INT) {
+            if (ni >= 16) return -1;
+            r->iv[ni++] = g->ival;
+        } else if (g->kind == K_FLOAT) {
+            if (nf >= 8) return -1;
+            r->fv[nf++] = (float)g->fval;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline void call(kernel_fn fn, const struct ready *r) {
+    const int64_t *i = r->iv;
+    const float *f = r->fv;
+    fn(i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10], i[11], i[12], i[13], i[14],
+       i[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+}
+
+/* replace one unit of every input with a donor unit; the trusted side replays the same sequence */
+static inline void mutate(const struct ready *r, uint64_t seed, uint64_t call_index) {
+    for (int a = 0; a < r->nin; a++) {
+        const struct arg *g = r->in[a];
+        uint64_t z = splitmix(seed, call_index * 64 + (uint64_t)a);
+        uint64_t dst = ((z & 0xffffffffull) * g->count) >> 32;
+        uint64_t src = ((z >> 32) * g->donor_count) >> 32;
+        memcpy(arena + g->off + dst * g->unit, arena + g->donor_off + src * g->unit, g->unit);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 9) { put_str("usage: sf-driver CMD REPLY ARENA BYTES THREADS SECCOMP LIB SYMBOL\n"); return 2; }
+    cmd_fd = atoi(argv[1]);
+    reply_fd = atoi(argv[2]);
+    int arena_fd = atoi(argv[3]);
+    arena_bytes = strtoull(argv[4], NULL, 10);
+    int threads = atoi(argv[5]);
+    int want_seccomp = atoi(argv[6]);
+    arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
+    if (arena == MAP_FAILED) { put_str("sf-driver: cannot map the arena\n"); return 2; }
+    close(arena_fd);
+    volatile double keep = sqrt((double)threads);  /* libm is loaded before the candidate */
+    (void)keep;
+
+    if (threads < 1) threads = 1;
+    omp_set_num_threads(threads);
+    #pragma omp parallel
+    { volatile int t = omp_get_thread_num(); (void)t; }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigsys;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSYS, &sa, NULL);
+
+    uint64_t seccomp = 0;
+    if (want_seccomp) {
+        if (lock_for_load() != 0) { put_str("sf-driver: seccomp unavailable\n"); }
+        else seccomp = 1;
+    }
+    send_reply(ST_READY, fp_state(), fp_state(), 0, seccomp);  /* before any candidate code */
+
+    void *lib = dlopen(argv[7], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        put_str("sf-driver: dlopen: "); put_str(dlerror()); put_str("\n");
+        send_reply(ST_LOAD_FAILED, 0, 0, 0, seccomp);
+        return 4;
+    }
+    kernel_fn fn = (kernel_fn)dlsym(lib, argv[8]);
+    if (!fn) { send_reply(ST_NO_SYMBOL, 0, 0, 0, seccomp); return 4; }
+    if (seccomp) {
+        if (lock_for_serve() != 0) { put_str("sf-driver: seccomp (serve) failed\n"); return 5; }
+        seccomp = 2;
+    }
+    uint32_t fp0 = fp_state();
+    send_reply(ST_OK, fp0, fp0, 0, seccomp);
+
+    struct cmd c;
+    struct ready rs[MAX_SLOTS];
+    while (read_cmd(&c) == 0) {
+        if (c.magic != MAGIC_CMD) { send_reply(ST_BAD_COMMAND, 0, 0, 0, seccomp); continue; }
+        if (c.op == OP_EXIT) _exit(0);
+        if (c.op != OP_CALL && c.op != OP_BATCH) { send_reply(ST_BAD_COMMAND, 0, 0, 0, seccomp); continue; }
+        uint32_t n = c.op == OP_CALL ? 1 : c.nslots;
+        if (n == 0 || n > MAX_SLOTS || c.slot_first + n > MAX_SLOTS) { send_reply(ST_BAD_SLOT, 0, 0, 0, seccomp); continue; }
+        int bad = 0;
+        for (uint32_t k = 0; k < n && !bad; k++) bad = prepare_slot(c.slot_first + k, &rs[k]) != 0;
+        if (bad) { send_reply(ST_BAD_SLOT, 0, 0, 0, seccomp); continue; }
+        uint32_t before = fp_state(), after = before;
+        uint64_t iters = c.op == OP_CALL ? 1 : c.iters, done = 0;
+        /* UNBOUNDED: run until the trusted side stops this process at a moment of its choosing;
+           the counter lets it check (against the replayed mutations) how many calls were made */
+        int unbounded = iters == UINT64_MAX;
+        volatile uint64_t *counter = (volatile uint64_t *)arena;
+        volatile uint64_t *halt = (volatile uint64_t *)(arena + 64);
+        for (uint64_t i = 0; i < iters; i++) {
+            if (unbounded && *halt) break;
+            const struct ready *r = &rs[i % n];
+            if (c.mutate) mutate(r, c.seed, i);
+            call(fn, r);
+            done++;
+            if (unbounded) *counter = done;
+            uint32_t now = fp_state();
+            if (now != before) { after = now; fp_restore(before); }
+        }
+        send_reply(ST_OK, before, after, done, seccomp);
+    }
+    return 0;
+}

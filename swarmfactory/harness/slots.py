@@ -1,0 +1,159 @@
+"""A problem's C arguments laid out in an arena: one *slot* is one full set of arguments.
+
+``SlotGroup`` holds ``n`` slots of one shape (buffers for every input and output, each between
+guard zones) plus, when the inputs are to be mutated per call, one donor buffer per input (valid
+values of the same shape, from another draw of the problem's generator). The trusted side keeps
+its own copy of every input it writes; ``check`` compares the arena against those copies, so a
+kernel that writes to an input, or outside any buffer, is seen whatever it reports.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swarmfactory.harness.arena import KINDS, Arena, Buffer, buffer_span, replay
+from swarmfactory.problems.spec import NP_DTYPES, Problem
+
+
+def _nbytes(problem: Problem, arg, inputs_or_shapes) -> int:
+    value = inputs_or_shapes[arg.name]
+    shape = value.shape if isinstance(value, np.ndarray) else tuple(value)
+    return int(np.prod(shape)) * np.dtype(NP_DTYPES[arg.dtype]).itemsize
+
+
+def group_bytes(problem: Problem, shape, n: int, donors: bool) -> int:
+    """Arena data bytes a ``SlotGroup`` of ``n`` slots of ``shape`` needs."""
+    sizes = arg_sizes(problem, shape)
+    per_slot = sum(buffer_span(b) for b in sizes.values())
+    donor = sum(buffer_span(sizes[a.name]) for a in problem.args if a.kind == "in") if donors else 0
+    return n * per_slot + donor
+
+
+def arg_sizes(problem: Problem, shape) -> dict[str, int]:
+    """Bytes of every pointer argument at ``shape`` (inputs from the problem's own generator)."""
+    key = (problem.name, problem.spec_hash(), tuple(sorted(dict(shape).items())))
+    if key not in _SIZES:
+        inputs = problem.make_inputs(dict(shape), np.random.default_rng(0), problem.dists[0])
+        outs = problem.output_shapes(dict(shape))
+        sizes = {}
+        for a in problem.args:
+            if a.kind == "in":
+                sizes[a.name] = np.asarray(inputs[a.name]).nbytes
+            elif a.kind == "out":
+                sizes[a.name] = int(np.prod(outs[a.name])) * np.dtype(NP_DTYPES[a.dtype]).itemsize
+        _SIZES[key] = sizes
+    return _SIZES[key]
+
+
+_SIZES: dict[tuple, dict[str, int]] = {}
+
+
+class SlotGroup:
+    def __init__(self, arena: Arena, problem: Problem, shape, first: int, n: int, donors: dict | None = None):
+        self.arena, self.problem, self.shape, self.first, self.n = arena, problem, dict(shape), first, n
+        sizes = arg_sizes(problem, shape)
+        self.out_shapes = problem.output_shapes(self.shape)
+        self.bufs: list[dict[str, Buffer]] = [
+            {a.name: arena.alloc(sizes[a.name]) for a in problem.args if a.kind in ("in", "out")}
+            for _ in range(n)]
+        self.copies: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
+        self.scalars: list[dict] = [{} for _ in range(n)]
+        self.donors: dict[str, tuple[Buffer, np.ndarray]] = {}
+        if donors is not None:
+            for a in problem.args:
+                if a.kind == "in":
+                    arr = np.ascontiguousarray(donors[a.name])
+                    buf = arena.alloc(arr.nbytes)
+                    arena.write(buf, arr)
+                    self.donors[a.name] = (buf, arr)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def load(self, i: int, inputs: dict, poison: float = float("nan")) -> None:
+        """Slot ``i`` gets ``inputs`` (a private copy is kept), poisoned outputs, fresh guards."""
+        bufs = self.bufs[i]
+        for a in self.problem.args:
+            if a.kind == "in":
+                arr = np.ascontiguousarray(inputs[a.name], dtype=NP_DTYPES[a.dtype])
+                self.arena.write(bufs[a.name], arr)
+                self.copies[i][a.name] = arr.copy()
+        self.poison(i, poison)
+        for buf in bufs.values():
+            self.arena.reset_guards(buf)
+        self.scalars[i] = {a.name: inputs[a.name] for a in self.problem.args if a.kind in ("int", "float")}
+        self._describe(i)
+
+    def poison(self, i: int, value: float = float("nan")) -> None:
+        for a in self.problem.outputs:
+            view = self.arena.view(self.bufs[i][a.name], NP_DTYPES[a.dtype], self.out_shapes[a.name])
+            view.fill(value)
+
+    def _describe(self, i: int) -> None:
+        rows = []
+        for a in self.problem.args:
+            if a.kind in ("in", "out"):
+                buf = self.bufs[i][a.name]
+                item = np.dtype(NP_DTYPES[a.dtype]).itemsize
+                unit = item * a.block
+                count = buf.nbytes // unit if unit else 0
+                donor_off = donor_count = 0
+                if a.kind == "in" and a.name in self.donors:
+                    dbuf, _ = self.donors[a.name]
+                    donor_off, donor_count = dbuf.offset, dbuf.nbytes // unit
+                rows.append((KINDS[a.kind], unit, buf.offset, count, donor_off, donor_count, 0, 0.0))
+            elif a.kind == "int":
+                rows.append((KINDS["int"], 0, 0, 0, 0, 0, int(self.scalars[i][a.name]), 0.0))
+            else:
+                rows.append((KINDS["float"], 0, 0, 0, 0, 0, 0, float(self.scalars[i][a.name])))
+        self.arena.write_slot(self.first + i, rows)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def outputs(self, i: int) -> dict[str, np.ndarray]:
+        return {a.name: self.arena.view(self.bufs[i][a.name], NP_DTYPES[a.dtype], self.out_shapes[a.name]).copy()
+                for a in self.problem.outputs}
+
+    def inputs(self, i: int) -> dict:
+        """The trusted copy of slot ``i``'s inputs (after any replayed mutations), with scalars."""
+        return {**{k: v.copy() for k, v in self.copies[i].items()}, **self.scalars[i]}
+
+    def replay(self, i: int, seed: int, calls: np.ndarray) -> None:
+        """Apply to the trusted copy of slot ``i`` the mutations the driver made on ``calls``."""
+        self.copies[i].update(self.replayed(i, seed, calls))
+
+    def replayed(self, i: int, seed: int, calls: np.ndarray) -> dict[str, np.ndarray]:
+        """The trusted copies of slot ``i``'s mutated inputs after ``calls``, without changing them."""
+        out, rank = {}, 0
+        for a in self.problem.args:
+            if a.kind != "in" or a.name not in self.donors:
+                continue
+            item = np.dtype(NP_DTYPES[a.dtype]).itemsize * a.block
+            arr = self.copies[i][a.name].copy()
+            units = arr.reshape(-1).view(np.uint8).reshape(-1, item)
+            donor = self.donors[a.name][1].reshape(-1).view(np.uint8).reshape(-1, item)
+            replay(units, donor, seed, calls, rank)
+            out[a.name] = arr
+            rank += 1
+        return out
+
+    def equals(self, i: int, name: str, array: np.ndarray) -> bool:
+        """Does input ``name`` of slot ``i`` in the arena hold exactly ``array``?"""
+        return bool(np.array_equal(self.arena.read(self.bufs[i][name]),
+                                   np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+
+    def damage(self, i: int) -> str | None:
+        """None if slot ``i``'s inputs equal the trusted copies and every guard is intact."""
+        for a in self.problem.args:
+            if a.kind not in ("in", "out"):
+                continue
+            buf = self.bufs[i][a.name]
+            where = self.arena.guard_damage(buf)
+            if where:
+                return f"the kernel {where} of `{a.name}` ({buf.nbytes} bytes)"
+        return None
+
+    def changed_inputs(self, i: int) -> list[str]:
+        changed = []
+        for name, copy in self.copies[i].items():
+            now = self.arena.read(self.bufs[i][name])
+            if not np.array_equal(now, copy.reshape(-1).view(np.uint8)):
+                changed.append(name)
+        return changed
