@@ -59,10 +59,9 @@ def _engine(cfg, debug: bool = False):
         if debug:
             raise
         _fail(str(e))
-    native = (f", native decode up to {eng.native.max_batch} sequences ({eng.native.isa})"
-              if eng.native is not None else "")
     err.print(f"loaded {eng.model_path.name} as {cfg.weights} in {eng.load_seconds:.1f}s "
-              f"({cfg.resolved_threads()} threads, max batch {cfg.max_batch}{native})", highlight=False)
+              f"({cfg.resolved_threads()} threads, max batch {cfg.max_batch})", highlight=False)
+    err.print(f"paths: {eng.paths.summary()}", highlight=False)
     return eng
 
 
@@ -135,6 +134,38 @@ def generate(
         print(out.text)
         err.print(f"{len(out.token_ids)} tokens in {dt:.2f}s ({len(out.token_ids) / dt:.1f} tok/s, "
                   f"prompt {out.prompt_tokens} tokens, finish: {out.finish_reason})", highlight=False)
+
+
+@app.command()
+def calibrate(
+    model: Optional[str] = typer.Option(None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)"),
+    threads: Optional[int] = typer.Option(None, help="threads to measure with (0: one per core)"),
+    budget_s: float = typer.Option(25.0, min=1.0, help="time limit; points left unmeasured keep their defaults"),
+    json_out: bool = typer.Option(False, "--json", help="print the calibration as one JSON object on stdout"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+):
+    """Re-measure this machine's q4_1 thresholds (dense_above, native_decode, native_prefill) and
+    replace the cached ones; engine loads that leave those keys unset use them."""
+    from dataclasses import asdict
+
+    from . import calibrate as cal_mod
+
+    cfg = _config(None, model, "q4_1", threads, 1, None, [])
+    try:
+        with err.status(f"measuring (at most {budget_s:.0f} s)"):
+            cal = cal_mod.run(cfg, budget_s)
+    except (OSError, ValueError) as e:
+        if debug:
+            raise
+        _fail(str(e))
+    if json_out:
+        print(json.dumps({k: v for k, v in asdict(cal).items() if k != "cached"}))
+        return
+    err.print(f"calibrated in {cal.seconds:.1f} s (load average {cal.loadavg[0]} -> {cal.loadavg[1]}): "
+              f"dense_above {cal.dense_above}, native_decode {cal.native_decode}, "
+              f"native_prefill {cal.native_prefill}"
+              + (f"; defaults kept for {', '.join(cal.incomplete)} (out of time)" if cal.incomplete else ""),
+              highlight=False)
 
 
 @app.command()

@@ -19,15 +19,13 @@ WeightFormat = Literal["fp32", "bf16", "q4_1"]
 # The linear layers of a Llama block plus the output head; each runs one kernel (kernels.py).
 OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 
-# Rows above which torch's int4 kernel loses to a dense bf16 matmul, per op, measured on a
-# 2-core Zen 4 (AVX-512 BF16): the int4 kernel's cost grows linearly with rows, while the
-# dense matmul is bound by reading 4x more weight bytes until it becomes compute-bound.
+# Fallbacks for the per-machine thresholds (engine/calibrate.py measures them at first load;
+# these apply only to points a calibration had no time for). Measured on a 2-core Zen 4
+# (AVX-512 BF16): rows above which torch's int4 kernel loses to a dense bf16 matmul, per op
+# (the int4 kernel's cost grows linearly with rows, the dense matmul is bound by reading 4x more
+# weight bytes until it becomes compute-bound), and the decode batch up to which the native
+# decoder beat torch's q4_1 step (3.6 vs 12.7 ms at one sequence, 56.2 vs 56.4 at 32).
 DEFAULT_DENSE_ABOVE = {"qkv": 8, "o": 8, "gate_up": 12, "down": 8, "lm_head": 3}
-
-# Decode batches up to which the native decoder (engine/native) is at least as fast as torch's
-# q4_1 path, measured on a 2-core Zen 4 (best of 7, position 128): 3.6 vs 12.7 ms at one
-# sequence, 22.9 vs 33.2 at 12, 43.4 vs 46.8 at 24, 56.2 vs 56.4 at 32; torch's dense bf16
-# copies win from about 64 sequences (99 vs 108 ms).
 DEFAULT_NATIVE_DECODE = 32
 
 
@@ -50,13 +48,18 @@ class EngineConfig(BaseModel):
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
       fp32 is much cheaper per call than in bf16, which dominates decode attention here.
     - ``dense_above``: q4_1 only; op -> rows. A call of that op with more rows (tokens in the
-      step; logit rows for lm_head) runs a dense bf16 copy of the weight instead of the op's
-      kernel (faster once compute-bound, e.g. prefill). Ops not listed keep no dense copy.
-    - ``native_decode``: q4_1 with an fp32 KV cache only; decode-only steps of at most this many
-      sequences run the native decoder, the whole step in one C call (``engine/native``). ``None``
-      means 32 where it applies (falling back to torch, with a warning, where no C compiler
-      builds it) and off elsewhere, including when ``kernels`` names kernels (they must run);
-      0 turns it off; a number > 0 requires it.
+      step; logit rows for lm_head) runs a dense copy of the weight (bf16 oneDNN, or fp32 sgemm
+      where bf16 is unavailable) instead of the op's kernel (faster once compute-bound). Ops not
+      listed keep no dense copy. ``None``: measured on this machine (engine/calibrate.py).
+    - ``native_decode``: q4_1 with an fp32 KV cache only; steps with at most this many decode
+      sequences run the native decoder, the whole step in one C call (``engine/native``).
+      ``None``: measured on this machine where it applies (falling back to torch, with a log
+      line, where no C compiler builds it or no ISA path passes its check) and off elsewhere,
+      including when ``kernels`` names kernels (they must run); 0 turns it off; a number > 0
+      requires it.
+    - ``native_prefill``: prompt tokens per step the native decoder takes along with its decode
+      rows (at most ``prefill_chunk``); a step with more runs on torch. ``None``: measured on
+      this machine; 0: prompts always run on torch. Needs the native decoder.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -69,8 +72,9 @@ class EngineConfig(BaseModel):
     prefill_chunk: int = Field(default=256, ge=16)
     kernels: dict[str, str] = Field(default_factory=dict)
     kv_dtype: Literal["fp32", "bf16"] = "fp32"
-    dense_above: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_DENSE_ABOVE))
+    dense_above: dict[str, int] | None = None
     native_decode: int | None = Field(default=None, ge=0)
+    native_prefill: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _native_applies(self) -> "EngineConfig":
@@ -80,21 +84,20 @@ class EngineConfig(BaseModel):
         if self.native_decode and self.kernels:
             raise ValueError("native_decode runs its own kernels for every op, so it cannot be combined "
                              "with kernels; set native_decode to 0 to run the named kernels")
+        if self.native_prefill and not self.native_applies():
+            raise ValueError("native_prefill needs the native decoder (weights q4_1, kv_dtype fp32, no kernels, "
+                             "native_decode not 0)")
         return self
 
-    def resolved_native_decode(self) -> int:
-        """Largest decode batch the native decoder runs (0: never), capped at max_batch."""
-        if self.native_decode is None:
-            applies = self.weights == "q4_1" and self.kv_dtype == "fp32" and not self.kernels
-            n = DEFAULT_NATIVE_DECODE if applies else 0
-        else:
-            n = self.native_decode
-        return min(n, self.max_batch)
+    def native_applies(self) -> bool:
+        """Whether this config may run the native decoder at all."""
+        return (self.weights == "q4_1" and self.kv_dtype == "fp32" and not self.kernels
+                and self.native_decode != 0)
 
     @field_validator("kernels", "dense_above")
     @classmethod
-    def _known_ops(cls, v: dict, info) -> dict:
-        for op, val in v.items():
+    def _known_ops(cls, v: dict | None, info) -> dict | None:
+        for op, val in (v or {}).items():
             if op not in OPS:
                 raise ValueError(f"unknown op {op!r} in {info.field_name} (known: {', '.join(OPS)})")
             if info.field_name == "dense_above" and val < 0:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .config import EngineConfig
 from .gguf_loader import load_gguf, resolve_model_path
-from .model import Llama, PrefillChunk, StepInput, offset_causal_mask
+from .model import PrefillChunk, StepInput, offset_causal_mask
 from .model_runner import ModelRunner
-from .native import NativeDecoder, NativeUnavailable
+from .native import NativeDecoder
+from .paths import plan
 from .sampler import sample
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence, Status
@@ -58,27 +58,18 @@ class Engine:
         gg = load_gguf(self.model_path)
         self.hparams = gg.hparams
         self.tokenizer = Tokenizer(gg.metadata)
-        self.model = Llama(gg, config)
+        self.model, lib, self.paths = plan(config, gg, self.model_path)
         self.max_seq_len = min(config.max_seq_len, gg.hparams.context_length)
         self.kv = self.model.new_cache(config.max_batch, self.max_seq_len)
-        self.native = self._native_decoder(gg)
+        self.native = None
+        if lib is not None:
+            self.native = NativeDecoder(gg, self.kv, self.paths.native_decode, config.resolved_threads(), lib,
+                                        max_prompt=self.paths.native_prefill)
         self.scheduler = Scheduler(self.kv, config.max_batch, config.prefill_chunk)
         self.runner = ModelRunner(self.model, self.kv, self.native)
         self.model_name = gg.metadata.get("general.name") or self.model_path.stem
         self.load_seconds = time.perf_counter() - t0
         self._stop_ids = self.tokenizer.stop_token_ids
-
-    def _native_decoder(self, gg) -> NativeDecoder | None:
-        n = self.config.resolved_native_decode()
-        if not n:
-            return None
-        try:
-            return NativeDecoder(gg, self.kv, n, self.config.resolved_threads())
-        except NativeUnavailable as e:
-            if self.config.native_decode is not None:  # asked for explicitly
-                raise
-            warnings.warn(f"{e}; decoding with torch instead", RuntimeWarning, stacklevel=3)
-            return None
 
     # -- serving API -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
+from .capabilities import check
 from .gguf_loader import QuantTensor
 
 
@@ -82,7 +83,10 @@ class Dense(LinearKernel):
 
     fp32 runs F.linear (MKL sgemm, as the HF reference does). bf16 runs oneDNN with the weight
     reordered once into its blocked layout: F.linear would reorder it on every call, which on
-    this kind of CPU makes a small-batch bf16 matmul 1.3-2.5x slower.
+    this kind of CPU makes a small-batch bf16 matmul 1.3-2.5x slower. Where that path fails its
+    probe (no AVX-512 BW/VL/DQ nor avx_ne_convert: torch refuses it, and its fallback bf16
+    matmul was 3-4x slower than sgemm at 32-256 rows on AVX2), the bf16-rounded weight is kept
+    in fp32 and run by sgemm: the same weights, fp32 accumulation, a bf16 result.
     """
 
     name = "dense"
@@ -92,13 +96,26 @@ class Dense(LinearKernel):
         super().__init__(weight, act_dtype)
         self.w = weight.dequantize().to(act_dtype).contiguous()
         self.packed = None
-        if act_dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, self.PACK_HINT)
-            self.w = None  # the packed copy replaces it
+        self.upcast = False
+        if act_dtype == torch.bfloat16:
+            if check("bf16_prepack").ok:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, self.PACK_HINT)
+                self.w = None  # the packed copy replaces it
+            else:
+                self.w, self.upcast = self.w.float(), True
+
+    @staticmethod
+    def path(act_dtype: torch.dtype) -> str:
+        """How a dense bf16 or fp32 matmul runs on this machine, for reports."""
+        if act_dtype != torch.bfloat16:
+            return "fp32 sgemm"
+        return "bf16 oneDNN, prepacked" if check("bf16_prepack").ok else "fp32 sgemm on bf16-rounded weights"
 
     def __call__(self, x):
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if self.upcast:
+            return F.linear(x.float(), self.w).to(x.dtype)
         return F.linear(x, self.w)
 
 
@@ -206,8 +223,9 @@ def available_kernels() -> list[str]:
 
 
 def default_kernel(weights: str, op: str, weight: Weight) -> str:
-    """The kernel an op runs when the config names none."""
-    if weights != "q4_1":
+    """The kernel an op runs when the config names none (dense where torch's int4 kernel fails
+    its probe on this machine)."""
+    if weights != "q4_1" or not check("int4pack").ok:
         return "dense"
     if weight.qtype == QT.Q4_1:
         return "int4pack"

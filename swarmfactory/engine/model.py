@@ -52,7 +52,10 @@ class Layer:
 
 
 class Llama:
-    def __init__(self, gg: GGUFModel, cfg: EngineConfig):
+    """``dense_above``: op -> rows for the q4_1 ops that keep a dense copy (see EngineConfig);
+    the engine passes the configured or measured thresholds."""
+
+    def __init__(self, gg: GGUFModel, cfg: EngineConfig, dense_above: dict[str, int] | None = None):
         hp = gg.hparams
         self.hp = hp
         self.dtype = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
@@ -62,11 +65,12 @@ class Llama:
         self.eps = hp.norm_eps
         self.scale = 1.0 / self.hd**0.5
         kernels = cfg.kernels
+        dense_above = dense_above or {}
         dt = self.dtype
 
         def lin(op: str, *names: str) -> Linear:
             w = Weight([gg.tensor(n) for n in names])
-            return build_linear(cfg.weights, op, w, dt, kernels.get(op), cfg.dense_above.get(op))
+            return build_linear(cfg.weights, op, w, dt, kernels.get(op), dense_above.get(op))
 
         def vec(name: str) -> torch.Tensor:
             return gg.tensor(name).dequantize().reshape(-1).to(dt)
@@ -91,7 +95,9 @@ class Llama:
         self.lm_head = lin("lm_head", "token_embd.weight" if hp.tied_embeddings else "output.weight")
 
         # RoPE tables exactly as HF computes them (fp32), cast to the activation dtype.
-        n_pos = min(cfg.max_seq_len, hp.context_length)
+        # At least 512 positions: calibration (engine/calibrate.py) runs 256-token prompts whatever
+        # max_seq_len is, and the tables are tiny.
+        n_pos = min(max(cfg.max_seq_len, 512), hp.context_length)
         inv = 1.0 / (hp.rope_theta ** (torch.arange(0, self.hd, 2, dtype=torch.int64).float() / self.hd))
         freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)

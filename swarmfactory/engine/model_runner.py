@@ -1,7 +1,8 @@
 """Turns a scheduled step into tensors, runs the model, and returns next-token logits.
 
-Decode-only steps small enough for the native decoder (when the engine has one) run there;
-every other step runs the torch model. Both write the same KV cache.
+Steps with few enough decode sequences (and, when the native decoder takes prompts, their
+prompt chunks) run the native decoder when the engine has one; every other step runs the
+torch model. Both write the same KV cache.
 """
 
 from __future__ import annotations
@@ -71,9 +72,14 @@ class ModelRunner:
         )
         return step, wants
 
+    def native_takes(self, batch: Scheduled) -> bool:
+        nat = self.native
+        return (nat is not None and len(batch.decode) <= nat.max_batch
+                and sum(n for _, n in batch.prefill) <= nat.max_prompt)
+
     def run(self, batch: Scheduled) -> tuple[torch.Tensor, list[Sequence]]:
         dec = batch.decode
-        if self.native is not None and not batch.prefill and len(dec) <= self.native.max_batch:
+        if self.native_takes(batch) and not batch.prefill:  # the common case, built directly
             logits = self.native(torch.tensor([s.last_token() for s in dec]),
                                  torch.tensor([s.slot for s in dec]),
                                  torch.tensor([s.num_tokens - 1 for s in dec]))
@@ -83,7 +89,10 @@ class ModelRunner:
         step, wants = self.build(batch)
         if not wants:  # only partial prompt chunks: fill the cache, skip the output head
             step.logit_rows = torch.empty(0, dtype=torch.long)
-        logits = self.model.forward(step, self.kv)
+        if self.native_takes(batch):
+            logits = self.native(step.tokens, step.slots, step.positions, step.logit_rows)
+        else:
+            logits = self.model.forward(step, self.kv)
         for s, n in batch.prefill:
             s.n_cached += n
         for s in batch.decode:

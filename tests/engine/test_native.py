@@ -1,84 +1,57 @@
 """The native decoder (engine/native): numerics of every ISA path, bounds, batch invariance."""
 
+import logging
 import math
-import platform
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from engine_support import THREADS, get_engine
 from swarmfactory.engine import Engine, EngineConfig
+from swarmfactory.engine import native as native_mod
 from swarmfactory.engine.config import ConfigError
-from swarmfactory.engine.gguf_loader import QuantTensor
-from swarmfactory.engine.kernels import Weight
-from swarmfactory.engine.native import NativeUnavailable, linear, load_library
+from swarmfactory.engine.native import (PATHS, PROBE_TOLERANCE, NativeUnavailable, linear_error, load_checked,
+                                        load_library, runnable_paths)
+from swarmfactory.hardware import cpu_features
 
 from test_quantized_bounds import BOUNDS, ppl
 
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+# Paths are tested on what the host can execute, whatever SWARMFACTORY_CPU_MASK says: the mask
+# decides what the engine picks, not what this machine can check.
+HOST = cpu_features(mask=None)
 
 
-def _builds():
-    """(flags, expected ISA or None) for every path this machine can run."""
-    base = ("-O3", "-fopenmp", "-std=gnu11")
-    out = [(("-march=native", *base), None)]
-    if platform.machine() in ("x86_64", "AMD64"):
-        if {"avx2", "fma", "f16c"} <= _cpu_flags():
-            out.append((("-march=x86-64-v3", *base), "avx2"))
-        out.append((("-march=x86-64", *base), "portable"))
-    return out
+def _path_param(path):
+    missing = path.missing(HOST)
+    marks = [pytest.mark.skip(reason=f"{path.name} needs {', '.join(missing)}, which this CPU lacks")] if missing else []
+    return pytest.param(path, id=path.name, marks=marks)
 
 
-def _random_tensor(qtype: QT, rows: int, cols: int, seed: int) -> QuantTensor:
-    rng = np.random.default_rng(seed)
-    nb = cols // 32
-    if qtype == QT.Q4_1:
-        blocks = np.zeros((rows, nb, 20), np.uint8)
-        blocks[..., 0:2] = rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
-        blocks[..., 2:4] = rng.uniform(-0.4, 0.0, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
-        blocks[..., 4:] = rng.integers(0, 256, (rows, nb, 16), dtype=np.uint8)
-    else:
-        blocks = np.zeros((rows, nb, 34), np.uint8)
-        blocks[..., 0:2] = rng.uniform(0.001, 0.01, (rows, nb)).astype(np.float16)[..., None].view(np.uint8)
-        blocks[..., 2:] = rng.integers(-128, 128, (rows, nb, 32), dtype=np.int8).view(np.uint8)
-    return QuantTensor("w", qtype, rows, cols, blocks.reshape(rows, -1))
-
-
-def _reference(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x quantised to int8 per block of 32 as the decoder does, then an fp64 matmul."""
-    xb = x.view(x.shape[0], -1, 32)
-    amax = xb.abs().amax(-1, keepdim=True)
-    q = torch.where(amax > 0, torch.round(xb * (127.0 / amax)), torch.zeros_like(xb)).clamp(-127, 127)
-    xq = (q.double() * (amax.double() / 127.0)).view_as(x)
-    return xq @ w.double().T
-
-
-@pytest.mark.parametrize("flags,isa", _builds(), ids=lambda v: v[0] if isinstance(v, tuple) else str(v))
-def test_every_isa_path_computes_the_quantised_product(flags, isa):
-    lib = load_library(flags)
-    if isa is not None:
-        assert lib.sf_isa().decode() == isa
+@pytest.mark.parametrize("path", [_path_param(p) for p in PATHS])
+def test_every_isa_path_computes_the_quantised_product(path):
+    lib = load_library(path)
+    assert lib.sf_isa().decode() == path.name  # the flags built the path they name
     for qtype in (QT.Q4_1, QT.Q8_0):
-        t = _random_tensor(qtype, rows=10, cols=96, seed=int(qtype))  # 10 rows: a padded group
-        w = Weight([t])
         for B in (1, 3, 17):  # 17: more sequences than one pass holds
-            x = torch.randn(B, 96, generator=torch.Generator().manual_seed(B)) * 3
-            x[0, :32] = 0  # an all-zero block
-            ref = _reference(t.dequantize(), x)
-            got = linear(lib, w, x, threads=2).double()
-            scale = (t.dequantize().abs().double() @ x.abs().double().T).T + 1e-3
-            assert ((got - ref).abs() / scale).max().item() < 1e-5, (qtype.name, B)
+            # 10 rows: a padded group; 96 columns: 3 blocks, the first all zero in sequence 0
+            err = linear_error(lib, qtype, rows=10, cols=96, batch=B, seed=B + int(qtype), threads=2)
+            assert err < PROBE_TOLERANCE, (qtype.name, B, err)
+
+
+def test_a_path_that_fails_its_check_falls_back_and_says_so(monkeypatch, caplog):
+    paths = runnable_paths(HOST)
+    if len(paths) < 2:
+        pytest.skip("this CPU runs only one native path")
+    first = paths[0]
+    real = native_mod.probe
+    monkeypatch.setattr(native_mod, "probe",
+                        lambda lib: "simulated wrong result" if lib.sf_isa().decode() == first.name else real(lib))
+    with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
+        lib, chosen, fallbacks = load_checked(paths)
+    assert chosen == paths[1] and lib.sf_isa().decode() == paths[1].name
+    assert f"{first.name} path failed its check (simulated wrong result)" in caplog.text
+    assert len(fallbacks) == 1
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +59,35 @@ def q4_engine():
     return get_engine("q4_1")
 
 
-def test_default_q4_1_engine_decodes_natively(q4_engine):
+def test_default_q4_1_engine_decodes_natively_on_the_best_path_allowed(q4_engine):
     assert q4_engine.native is not None
-    assert q4_engine.native.max_batch == min(32, q4_engine.config.max_batch)
+    assert q4_engine.paths.native == q4_engine.native.isa == runnable_paths()[0].name  # honours the mask
+    assert 1 <= q4_engine.native.max_batch <= q4_engine.config.max_batch
+
+
+def test_prompt_rows_in_a_native_step_match_decoding_them_one_by_one(q4_engine):
+    """A prompt chunk run natively (rows of one slot at consecutive positions, mixed with
+    another sequence's decode row) gives each token exactly the logits it gets when decoded."""
+    nat = q4_engine.native
+    ids = q4_engine.tokenizer.encode("The capital of France is Paris, and the capital of Spain is")[:10]
+    other = q4_engine.tokenizer.encode("def fibonacci(n):")[:3]
+    one_by_one = _teacher_forced(nat, q4_engine.kv, {0: ids}, {0: 0})[0]
+    _teacher_forced(nat, q4_engine.kv, {2: other[:2]}, {2: 0})  # slot 2 holds a running sequence
+    n = len(ids)
+    tokens = torch.tensor([other[2]] + ids)
+    slots = torch.tensor([2] + [1] * n)
+    positions = torch.tensor([2] + list(range(n)))
+    big = native_mod.NativeDecoder(_gguf(q4_engine), q4_engine.kv, 1, THREADS, nat.lib, max_prompt=n)
+    mixed = big(tokens, slots, positions, torch.arange(n + 1))
+    assert torch.equal(mixed[1:], one_by_one)
+    last = big(tokens, slots, positions, torch.tensor([n]))  # only the prompt's last row
+    assert torch.equal(last[0], one_by_one[-1])
+
+
+def _gguf(engine):
+    from swarmfactory.engine.gguf_loader import load_gguf
+
+    return load_gguf(engine.model_path)
 
 
 def _teacher_forced(native, kv, seqs: dict[int, list[int]], starts: dict[int, int]):
@@ -152,18 +151,28 @@ def test_config_rules():
         EngineConfig.from_dict({"weights": "bf16", "native_decode": 4})
     with pytest.raises(ConfigError, match="cannot be combined with kernels"):
         EngineConfig.from_dict({"native_decode": 4, "kernels": {"o": "int4pack"}})
-    assert EngineConfig(kernels={"o": "int4pack"}).resolved_native_decode() == 0
-    assert EngineConfig(weights="fp32").resolved_native_decode() == 0
-    assert EngineConfig(max_batch=4).resolved_native_decode() == 4
+    with pytest.raises(ConfigError, match="native_prefill needs the native decoder"):
+        EngineConfig.from_dict({"native_decode": 0, "native_prefill": 16})
+    assert not EngineConfig(kernels={"o": "int4pack"}).native_applies()
+    assert not EngineConfig(weights="fp32").native_applies()
+    assert EngineConfig(max_batch=4).native_applies()
 
 
-def test_without_a_compiler_the_default_falls_back_and_an_explicit_request_fails(monkeypatch, tmp_path):
+def test_explicit_thresholds_are_used_as_given():
+    eng = get_engine("q4_1", native_decode=3, native_prefill=16, dense_above=(("o", 5),))
+    assert (eng.native.max_batch, eng.native.max_prompt) == (3, 16)
+    assert eng.paths.thresholds == "config" and eng.paths.dense_above == {"o": 5}
+    assert eng.model.layers[0].o.dense_above == 5 and eng.model.layers[0].qkv.dense is None
+
+
+def test_without_a_compiler_the_default_falls_back_and_an_explicit_request_fails(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "cache"))
-    opts = {"max_batch": 2, "max_seq_len": 64, "threads": THREADS}
-    with pytest.warns(RuntimeWarning, match="decoding with torch instead"):
+    opts = {"max_batch": 2, "max_seq_len": 64, "threads": THREADS, "dense_above": {}}
+    with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
         eng = Engine(EngineConfig(**opts))
-    assert eng.native is None
+    assert "native decoder unavailable" in caplog.text and "using torch for every step" in caplog.text
+    assert eng.native is None and eng.paths.native is None
     assert eng.generate("The capital of France is", max_tokens=4)[0].token_ids
     with pytest.raises(NativeUnavailable, match="not found"):
         Engine(EngineConfig(native_decode=2, **opts))

@@ -41,6 +41,9 @@ def wait_idle(server, timeout=30.0):
 def test_health_and_models(server):
     h = server.health()
     assert h["status"] == "ok" and h["free_slots"] == h["max_batch"] == 4
+    paths = h["paths"]  # what runs where on this machine
+    assert paths["q4_kernel"] and paths["torch_cpu"] and "thresholds" in paths
+    assert paths["native"] is None or paths["native_decode"] >= 1
     data = httpx.get(server.url + "/v1/models", timeout=10).json()
     assert data["object"] == "list" and data["data"][0]["id"].startswith("SmolLM2-135M-Instruct")
 

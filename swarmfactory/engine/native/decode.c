@@ -14,8 +14,14 @@
  * same sequence of operations whatever B and the thread count are, so a sequence's logits do
  * not depend on what else is in the batch.
  *
- * ISA: AVX-512 VNNI (256-bit) or AVX-VNNI when the compiler targets them, else AVX2, else
- * portable C. Build with -march=native on the machine that runs it.
+ * Prompt tokens are rows too: a row is (slot, position, token), every row's K/V is written to
+ * the cache before any row attends, and a row attends to positions 0..its own, so the prompt
+ * tokens of one sequence in one call get causal attention. A step may therefore mix decode
+ * rows and prompt chunks; only the rows named in out_rows go through the output head.
+ *
+ * ISA: AVX-512 VNNI (256-bit), AVX-VNNI, AVX2 or portable C, whichever the compiler flags
+ * target (native/__init__.py builds each path with explicit flags; sf_isa() names the one
+ * built).
  */
 #include <math.h>
 #include <stdint.h>
@@ -191,12 +197,26 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
                     const int8_t *x = a->q + b * K + 32 * j;
                     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
                     if (q4) {
+#ifdef DPBUSD
                         for (int k = 0; k < 4; k += 2) {
                             s0 = dot_q4(s0, w[k], quad(x + 4 * k));
                             s1 = dot_q4(s1, w[k + 1], quad(x + 4 * k + 4));
                             s0 = dot_q4(s0, w[k + 4], quad(x + 16 + 4 * k));
                             s1 = dot_q4(s1, w[k + 5], quad(x + 20 + 4 * k));
                         }
+#else
+                        /* maddubs gives int16 pair sums of at most 2 * 15 * 127; all 8 of a
+                         * block add up to at most 30480, so they are summed in int16 and
+                         * widened once (one madd per block instead of 8). */
+                        __m256i p0 = _mm256_maddubs_epi16(w[0], quad(x));
+                        __m256i p1 = _mm256_maddubs_epi16(w[1], quad(x + 4));
+                        for (int k = 2; k < 8; k += 2) {
+                            const int o = k < 4 ? 4 * k : 16 + 4 * (k - 4);
+                            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[k], quad(x + o)));
+                            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[k + 1], quad(x + o + 4)));
+                        }
+                        s0 = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+#endif
                     } else {
                         for (int k = 0; k < 8; k += 2) {
                             s0 = dot_q8(s0, w[k], quad(x + 4 * k));
@@ -419,13 +439,17 @@ Model *sf_model_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv
     return M;
 }
 
-/* One decode step. x_in: [B, dim] token embeddings; slot/pos: each sequence's KV slot and the
- * position of its token; logits: [B, vocab] out. Returns 0, or -1 for bad arguments. */
+/* One step over B rows. x_in: [B, dim] token embeddings; slot/pos: each row's KV slot and the
+ * position of its token (a row sees the cache of its slot up to its own position, including
+ * rows of the same call); out_rows: the n_out rows whose logits are wanted, written in that
+ * order to logits [n_out, vocab]. Returns 0, or -1 for bad arguments. */
 int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
-              float *logits) {
-    if (B < 1 || B > M->max_b) return -1;
+              int64_t n_out, const int64_t *out_rows, float *logits) {
+    if (B < 1 || B > M->max_b || n_out < 0 || n_out > B) return -1;
     for (int64_t b = 0; b < B; b++)
         if (slot[b] < 0 || slot[b] >= M->slots || pos[b] < 0 || pos[b] >= M->max_len) return -1;
+    for (int64_t i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= B) return -1;
     const int64_t D = M->head_dim, H = M->n_heads, KV = M->n_kv, dim = M->dim, F = M->ffn;
     const int64_t G = H / KV, half = D / 2, QKV = (H + 2 * KV) * D, ATT = H * D;
     const float scale = 1.f / sqrtf((float)D);
@@ -487,11 +511,11 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
             matmul(&W[3], &M->a_ffn, B, M->x, dim, 1);
         }
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < B; b++) {
-            rms_norm(M->x + b * dim, M->norms[2 * M->n_layers], M->h + b * dim, dim, M->eps);
-            quantize_row(M->h + b * dim, dim, &M->a_dim, b);
+        for (int64_t i = 0; i < n_out; i++) {
+            rms_norm(M->x + out_rows[i] * dim, M->norms[2 * M->n_layers], M->h + i * dim, dim, M->eps);
+            quantize_row(M->h + i * dim, dim, &M->a_dim, i);
         }
-        matmul(&M->mats[4 * M->n_layers], &M->a_dim, B, logits, M->vocab, 0);
+        if (n_out) matmul(&M->mats[4 * M->n_layers], &M->a_dim, n_out, logits, M->vocab, 0);
     }
     return 0;
 }

@@ -1,0 +1,161 @@
+"""Which code paths an engine runs on this machine, decided once at load.
+
+``plan`` probes what this CPU and torch build can run (engine/capabilities.py, and the native
+decoder's ISA paths in engine/native), logs one line per path that falls back, and settles the
+switch points: the config's values where it gives them, else this machine's measured ones
+(engine/calibrate.py, cached). The result is reported by ``engine serve`` and ``/health``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from swarmfactory.hardware import MASK_ENV, cpu_fingerprint, cpu_mask, torch_env_for_mask
+
+from . import calibrate as cal_mod
+from .capabilities import check, fallback
+from .config import DEFAULT_DENSE_ABOVE, OPS, EngineConfig
+from .kernels import Dense
+from .model import Llama
+from .native import NativeUnavailable, load_checked
+
+log = logging.getLogger("swarmfactory.engine")
+
+
+@dataclass
+class Paths:
+    """What runs where. ``thresholds`` says where the switch points came from."""
+
+    cpu: str
+    mask: str | None
+    torch_cpu: str
+    dense: str | None  # how dense matmuls run (None: fp32 engine, plain sgemm)
+    q4_kernel: str | None  # the q4_1 engine's matmul kernel for small batches
+    native: str | None  # the native decoder's ISA path, None when off
+    native_decode: int = 0
+    native_prefill: int = 0
+    dense_above: dict[str, int] = field(default_factory=dict)
+    thresholds: str = "config"
+    fallbacks: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"cpu": self.cpu, "mask": self.mask, "torch_cpu": self.torch_cpu, "dense": self.dense,
+                "q4_kernel": self.q4_kernel, "native": self.native, "native_decode": self.native_decode,
+                "native_prefill": self.native_prefill, "dense_above": dict(self.dense_above),
+                "thresholds": self.thresholds, "fallbacks": list(self.fallbacks)}
+
+    def summary(self) -> str:
+        """One line for logs and `engine serve`."""
+        parts = [f"cpu {self.cpu}" + (f" masked to {self.mask}" if self.mask else ""),
+                 f"torch {self.torch_cpu}"]
+        if self.dense:
+            parts.append(f"dense: {self.dense}")
+        if self.q4_kernel:
+            parts.append(f"q4_1 kernel: {self.q4_kernel}")
+            parts.append("dense_above " + (", ".join(f"{k}>{v}" for k, v in self.dense_above.items()) or "none"))
+        if self.native:
+            parts.append(f"native decoder {self.native}: <= {self.native_decode} sequences"
+                         + (f" + {self.native_prefill} prompt tokens" if self.native_prefill else ", prompts on torch"))
+        elif self.q4_kernel:
+            parts.append("native decoder off")
+        if self.q4_kernel:
+            parts.append(f"thresholds: {self.thresholds}")
+        return "; ".join(parts)
+
+
+def _cpu_name() -> str:
+    fp = cpu_fingerprint()
+    simd = [f for f in fp["features"] if f.startswith("avx512") or f in ("avx2", "avx_vnni")]
+    level = "avx512" if any(f.startswith("avx512") for f in simd) else ("avx2" if "avx2" in simd else "baseline")
+    return f"{fp['model']} ({level})"
+
+
+def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None", Paths]:
+    """Build the torch model and decide every path: returns (model, native library or None,
+    paths). The native decoder itself is built by the engine once its KV cache exists."""
+    q4 = cfg.weights == "q4_1"
+    act = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
+    paths = Paths(cpu=_cpu_name(), mask=cpu_mask(), torch_cpu=torch.backends.cpu.get_cpu_capability(),
+                  dense=Dense.path(act) if cfg.weights != "fp32" else None, q4_kernel=None, native=None)
+    if paths.mask and ("AVX512" in paths.torch_cpu or (paths.mask == "portable" and paths.torch_cpu != "DEFAULT")):
+        log.warning("%s=%s masks swarmfactory's paths, but torch still dispatches %s kernels; set %s to "
+                    "emulate the machine fully", MASK_ENV, paths.mask, paths.torch_cpu,
+                    " ".join(f"{k}={v}" for k, v in torch_env_for_mask(paths.mask).items() if k != MASK_ENV))
+    if cfg.weights != "fp32" and not check("bf16_prepack").ok:
+        paths.fallbacks.append(fallback("bf16 oneDNN prepacked matmul", check("bf16_prepack").reason,
+                                        "fp32 sgemm on bf16-rounded weights"))
+    if q4:
+        if check("int4pack").ok:
+            paths.q4_kernel = "torch int4pack"
+        else:
+            paths.q4_kernel = f"dense ({paths.dense})"
+            paths.fallbacks.append(fallback("torch int4 kernel", check("int4pack").reason,
+                                            "dense copies of the dequantised weights"))
+        if cfg.kernels:
+            paths.q4_kernel += " (config names: " + ", ".join(f"{k}={v}" for k, v in cfg.kernels.items()) + ")"
+
+    lib = None
+    if cfg.native_applies():
+        try:
+            lib, isa, fbs = load_checked()
+            paths.native = isa.name
+            paths.fallbacks += fbs
+        except NativeUnavailable as e:
+            if cfg.native_decode:  # asked for explicitly
+                raise
+            paths.fallbacks.append(fallback("native decoder", str(e), "torch for every step"))
+
+    threads = cfg.resolved_threads()
+    need = q4 and (cfg.dense_above is None
+                   or (lib is not None and (cfg.native_decode is None or cfg.native_prefill is None)))
+    cal = None
+    if need:
+        key = cal_mod.cache_key(model_path, threads, paths.native)
+        cal = cal_mod.load_cached(key)
+    # Thresholds are measured for the default kernels: an engine whose config names kernels
+    # uses stored ones (or the shipped defaults) and never measures, and its named kernels
+    # always run (no dense copy), as with the native decoder.
+    measure_now = need and cal is None and not cfg.kernels
+    if cfg.dense_above is not None:
+        dense_above = dict(cfg.dense_above)
+    elif cal is not None:
+        dense_above = dict(cal.dense_above)
+    elif cfg.kernels:
+        dense_above = {op: v for op, v in DEFAULT_DENSE_ABOVE.items() if op not in cfg.kernels}
+        paths.thresholds = "shipped defaults (the config names kernels)"
+    else:
+        dense_above = {}
+    if cfg.dense_above is None:
+        dense_above = {op: v for op, v in dense_above.items() if op not in cfg.kernels}
+    # A calibration measures every op's dense copy; the final thresholds then drop the losers.
+    model = Llama(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None)
+    if measure_now:
+        log.info("measuring this machine's thresholds (first load; cached afterwards)")
+        cal = cal_mod.calibrate(gg, model, lib, threads, key)
+        where = cal_mod.save(cal)
+        log.info("calibration done in %.1f s: %s", cal.seconds, where)
+        if cfg.dense_above is None:
+            dense_above = dict(cal.dense_above)
+        cal_mod.apply_dense_above(model, dense_above)
+        paths.thresholds = f"measured now in {cal.seconds:.1f} s"
+    elif cal is not None:
+        paths.thresholds = "measured on this machine (cached)"
+    if cal is not None and cal.incomplete:
+        paths.thresholds += f"; defaults for {', '.join(cal.incomplete)} (out of time)"
+    if cfg.dense_above is not None and (cfg.native_decode is not None and cfg.native_prefill is not None
+                                        or lib is None):
+        paths.thresholds = "config"
+    paths.dense_above = dense_above if q4 and check("int4pack").ok else {}
+
+    if lib is not None:
+        nd = cfg.native_decode if cfg.native_decode is not None else (cal.native_decode if cal else 0)
+        npf = cfg.native_prefill if cfg.native_prefill is not None else (cal.native_prefill if cal else 0)
+        paths.native_decode = min(nd, cfg.max_batch)
+        paths.native_prefill = min(npf, cfg.prefill_chunk)
+        if not paths.native_decode:
+            paths.native, lib = None, None
+    return model, lib, paths
