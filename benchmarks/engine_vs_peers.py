@@ -43,9 +43,21 @@ def run(cmd: list[str], cwd: Path | None = None) -> None:
     subprocess.run(cmd, cwd=cwd, check=True)
 
 
-def build_llama_server(peers: Path, jobs: int) -> Path:
-    """peers/llama-server, built once from the llama-cpp-python sdist."""
-    binary = peers / "llama-server"
+# CMake switches per llama.cpp build: "native" tunes for this CPU (-march=native); "avx2" is
+# what an AVX2 machine without AVX-512 runs (explicit ISA options, no -march=native), for
+# emulating such a machine on an AVX-512 one.
+LLAMA_ISA_FLAGS = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+             "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF",
+             "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF"],
+}
+
+
+def build_llama_server(peers: Path, jobs: int, isa: str = "native") -> Path:
+    """peers/llama-server (or llama-server-<isa>), built once from the llama-cpp-python sdist."""
+    suffix = "" if isa == "native" else f"-{isa}"
+    binary = peers / f"llama-server{suffix}"
     if binary.exists():
         return binary
     peers.mkdir(parents=True, exist_ok=True)
@@ -61,12 +73,13 @@ def build_llama_server(peers: Path, jobs: int) -> Path:
         with tarfile.open(sdist) as tf:
             tf.extractall(src, filter="data")
     llama = next(Path(p) for p in glob.glob(str(src / "*" / "vendor" / "llama.cpp")))
-    run(["cmake", "-B", "build", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+    build = f"build{suffix}"
+    run(["cmake", "-B", build, "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", *LLAMA_ISA_FLAGS[isa],
          "-DLLAMA_BUILD_TESTS=OFF"], cwd=llama)
-    run(["cmake", "--build", "build", "--target", "llama-server", "-j", str(jobs)], cwd=llama)
-    built = next(Path(p) for p in glob.glob(str(llama / "build" / "bin" / "llama-server")))
+    run(["cmake", "--build", build, "--target", "llama-server", "-j", str(jobs)], cwd=llama)
+    built = next(Path(p) for p in glob.glob(str(llama / build / "bin" / "llama-server")))
     binary.symlink_to(built.relative_to(peers))  # the binary finds its shared libraries by rpath
-    (peers / "llama-server.version").write_text(Path(sdist).name + "\n")
+    (peers / f"llama-server{suffix}.version").write_text(f"{Path(sdist).name} {' '.join(LLAMA_ISA_FLAGS[isa])}\n")
     return binary
 
 
@@ -158,6 +171,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=Path, default=ROOT / "peers")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--llama-isa", default="native", choices=sorted(LLAMA_ISA_FLAGS),
+                    help="llama.cpp build to compare with (avx2: no AVX-512, for an emulated AVX2 machine)")
     ap.add_argument("--formats", default="q4_1,bf16,fp32")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--input-len", type=int, default=128)
@@ -169,7 +184,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "engine_vs_peers.json")
     args = ap.parse_args()
 
-    llama = build_llama_server(args.peers, args.threads)
+    llama = build_llama_server(args.peers, args.threads, args.llama_isa)
     if args.build_only:
         log(f"llama-server ready: {llama}")
         return 0
