@@ -93,7 +93,8 @@ def test_default_kernel_matches_reference_on_every_seed_case(name, compiler, cas
         inputs, ref = case_data.get(p, case)
         before = {k: np.copy(v) for k, v in inputs.items() if isinstance(v, np.ndarray)}
         got = kernel_call(p, fn, inputs, case.shape)
-        assert_close(p, got, ref, f"{name} default {p.shape_label(case.shape)} {case.dist} seed={case.seed}")
+        assert_close(p, got, ref, f"{name} default {p.shape_label(case.shape)} {case.dist} seed={case.seed}",
+                     inputs)
         for k, v in before.items():
             assert np.array_equal(v, inputs[k], equal_nan=True), f"{name} wrote its input {k}"
 
@@ -111,7 +112,7 @@ def test_sampled_knob_combinations_match_reference_on_tail_cases(name, compiler,
         for case in cases:
             inputs, ref = case_data.get(p, case)
             got = kernel_call(p, fn, inputs, case.shape)
-            assert_close(p, got, ref, f"{name} {combo} {p.shape_label(case.shape)} {case.dist}")
+            assert_close(p, got, ref, f"{name} {combo} {p.shape_label(case.shape)} {case.dist}", inputs)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -129,7 +130,7 @@ def test_baselines_match_reference_on_workload(name, assert_close):
                 for k, v in ref.items():
                     np.testing.assert_allclose(got[k], v.double().numpy(), rtol=1.6e-2, atol=2e-2)
                 continue
-            assert_close(p, got, ref, f"{name} baseline {bname} {p.shape_label(shape)}")
+            assert_close(p, got, ref, f"{name} baseline {bname} {p.shape_label(shape)}", inputs)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -142,13 +143,13 @@ def test_eager_composition_matches_reference_on_workload(name, assert_close):
         out = p.eager(to_torch(inputs))()
         outs = out if isinstance(out, (tuple, list)) else (out,)
         got = {a.name: o.detach().numpy() for a, o in zip(p.outputs, outs)}
-        assert_close(p, got, p.reference(to_torch(inputs)), f"{name} eager {p.shape_label(shape)}")
+        assert_close(p, got, p.reference(to_torch(inputs)), f"{name} eager {p.shape_label(shape)}", inputs)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_bundled_shape_is_valid_for_its_problem(name):
     p = load_problem(name)
-    for shape in (*p.edge_shapes, *p.workload):
+    for shape in (*p.edge_shapes, *p.stress_shapes, *p.workload):
         assert p.valid_shape(shape), f"{name}: {dict(shape)} breaks its own shape constraint"
 
 
@@ -159,4 +160,40 @@ def test_every_seed_case_has_inputs_the_reference_accepts(name, case_data):
         _, ref = case_data.get(p, case)
         for k, r in ref.items():
             assert tuple(r.shape) == p.output_shapes(case.shape)[k]
-            assert not r.isnan().any(), f"{name}: reference NaN on {case.key()}"
+            if case.dist != "special":  # special-valued inputs carry NaN on purpose
+                assert not r.isnan().any(), f"{name}: reference NaN on {case.key()}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_baselines_pass_every_seed_case_they_run_on(name, case_data, assert_close):
+    """A tolerance must admit torch's own fp32 result, on every case, not only the workload."""
+    p = load_problem(name)
+    for case in p.seed_cases():
+        inputs, ref = case_data.get(p, case)
+        for bname, setup in p.baselines.items():
+            if bname.endswith("_bf16"):
+                continue
+            try:
+                out = setup(to_torch(inputs))()
+            except RuntimeError:  # e.g. torch's int4 kernel needs n % 16 == 0
+                continue
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            got = {a.name: o.detach().float().numpy() for a, o in zip(p.outputs, outs)}
+            assert_close(p, got, ref, f"{name} baseline {bname} {case.key()}", inputs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_trivial_output_passes_any_seed_case(name):
+    """Every case must be able to fail: zeros, a constant, an input passed through or the answer
+    shifted by one element is wrong under the case's tolerance (or is the fp32 answer itself)."""
+    from swarmfactory.harness.verify import CASES, FP32_FLOOR, _close, trivial_outputs
+
+    p = load_problem(name)
+    for case in p.seed_cases():
+        data = CASES.get(p, case)
+        for out, exp in data.expected.items():
+            for label, triv in trivial_outputs(exp, data.inputs).items():
+                if _close(exp, triv, p.tolerance.rtol, data.atol[out]).all():
+                    gap = np.nanmax(np.abs(triv - exp)[np.isfinite(exp)], initial=0.0)
+                    assert gap <= 2 * FP32_FLOOR + p.tolerance.rtol * np.nanmax(np.abs(exp)), \
+                        f"{name} {case.key()}: {label} passes"

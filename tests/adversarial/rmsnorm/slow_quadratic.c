@@ -1,4 +1,4 @@
-/* expect: not_faster -- correct but recomputes the row's sum of squares for every element */
+/* expect: timed_out -- correct but recomputes the row's sum of squares for every element: quadratic, so a 65,536-column stress row takes longer than one verification call may */
 #include <stdint.h>
 #include <math.h>
 void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t cols, float eps) {

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 
@@ -15,7 +15,12 @@ def make_inputs(shape, rng, dist):
     q = gen_values(rng, (b, h, d), base)
     k = gen_values(rng, (b, kvh, s, d), base)
     v = gen_values(rng, (b, kvh, s, d), base)
-    scale = float(np.float32(1.0 / np.sqrt(d)))
+    # models scale by 1/sqrt(head_dim) or by a configured factor (Gemma, muP): an argument
+    scale = float(np.float32(rng.uniform(0.5, 2.0) / np.sqrt(d)))
+    if dist == "special":  # NaN in keys and values (it must reach the outputs), -0.0, denormals;
+        # no NaN in q: torch's own SDPA returns 0 there, so no reference a user has defines it
+        q = with_specials(rng, q, ("negzero", "denormal"), fraction=0.002)
+        k, v = with_specials(rng, k, fraction=0.002), with_specials(rng, v, fraction=0.002)
     if dist == "large":  # peaked softmax: scores spread over about +-50
         q *= np.float32(8.0)
     elif dist == "shifted":  # every score near +150: exp without the max subtracted overflows
@@ -72,9 +77,9 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="attention_decode",
-    version=1,
+    version=2,
     description="Single-token decode attention over a KV cache with grouped-query heads "
-                "(heads a multiple of kv_heads), no mask, fp32.",
+                "(heads a multiple of kv_heads), no mask, fp32; the score scale is an argument.",
     args=(Arg("q", "in"), Arg("k", "in"), Arg("v", "in"), Arg("out", "out"), Arg("batch", "int"),
           Arg("heads", "int"), Arg("kv_heads", "int"), Arg("seq", "int"), Arg("head_dim", "int"),
           Arg("scale", "float")),
@@ -91,8 +96,12 @@ PROBLEM = Problem(
                    for b in (1, 8) for s in (128, 1024)),
     edge_shapes=tuple(dict(zip(("batch", "heads", "kv_heads", "seq", "head_dim"), v)) for v in (
         (2, 4, 2, 7, 3), (1, 1, 1, 1, 1), (1, 2, 1, 5, 8), (1, 9, 3, 17, 64), (3, 6, 1, 33, 17),
-        (2, 3, 3, 300, 36), (1, 4, 1, 777, 32), (1, 8, 2, 1000, 128), (1, 9, 3, 1031, 64))),
-    dists=("normal", "uniform", "tiny", "large", "shifted"),
+        (2, 3, 3, 300, 36), (1, 4, 1, 777, 32), (1, 8, 2, 1000, 128), (1, 9, 3, 1031, 64),
+        (1, 2, 2, 1, 64), (1, 4, 4, 63, 65))),
+    stress_shapes=tuple(dict(zip(("batch", "heads", "kv_heads", "seq", "head_dim"), v)) for v in (
+        (1, HEADS, KV_HEADS, 4096, HEAD_DIM), (32, HEADS, KV_HEADS, 128, HEAD_DIM), (2, 8, 1, 511, 256))),
+    param_ranges={"scale": (0.01, 2.0)},
+    dists=("normal", "uniform", "tiny", "large", "shifted", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("attention_decode.c.j2")).read_text(),
     knobs={"vw": [1, 4, 8, 16], "algo": ["online", "two_pass"], "group": ["shared", "per_head"],

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 HIDDEN, INTERMEDIATE = 576, 1536  # SmolLM2-135M
 QK, BLOCK_BYTES = 32, 20
@@ -46,6 +46,8 @@ def make_inputs(shape, rng, dist):
     n, k, batch = shape["n"], shape["k"], shape["batch"]
     wq = make_blocks(rng, n, k, special=dist == "special")
     x = gen_values(rng, (batch, k), "normal" if dist == "special" else dist)
+    if dist == "special":  # NaN (its row of y is NaN), -0.0, denormals
+        x = with_specials(rng, x, fraction=0.002)
     return {"wq": wq, "x": x, "n": n, "k": k, "batch": batch}
 
 
@@ -112,7 +114,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="q4_1_matmul",
-    version=1,
+    version=2,
     description="y = x @ W.T with W (n x k) in GGUF Q4_1 blocks (fp16 d, fp16 m, 32 nibbles; "
                 "w = d*q + m), x fp32 (batch x k); k is a multiple of 32.",
     args=(Arg("wq", "in", "uint8", block=BLOCK_BYTES), Arg("x", "in"), Arg("y", "out"), Arg("n", "int"),
@@ -135,7 +137,10 @@ PROBLEM = Problem(
                  {"n": 7, "k": 96, "batch": 2}, {"n": 13, "k": 32, "batch": 5},
                  {"n": 3, "k": 160, "batch": 1}, {"n": 31, "k": 64, "batch": 4},
                  {"n": 67, "k": 288, "batch": 3}, {"n": 2, "k": 4096, "batch": 1},
-                 {"n": 17, "k": 576, "batch": 9}),
+                 {"n": 17, "k": 576, "batch": 9}, {"n": 1, "k": 1024, "batch": 2},
+                 {"n": 65, "k": 32, "batch": 1}),
+    stress_shapes=({"n": 4 * INTERMEDIATE, "k": HIDDEN, "batch": 1},
+                   {"n": HIDDEN, "k": INTERMEDIATE, "batch": 32}, {"n": 7, "k": 16384, "batch": 3}),
     # x enters linearly, so a "large" x only rescales the outputs and the fp32 error with them
     dists=("normal", "uniform", "tiny", "special"),
     roofline=roofline,

@@ -4,17 +4,18 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform
 
 HIDDEN = 576  # SmolLM2-135M
+EPS = (1e-6, 1e-3)  # Llama-family models use 1e-6 .. 1e-5; norms elsewhere up to 1e-3
 
 
 def make_inputs(shape, rng, dist):
     rows, cols = shape["rows"], shape["cols"]
     return {
         "x": gen_values(rng, (rows, cols), dist),
-        "w": gen_values(rng, (cols,), "normal" if dist in ("large", "tiny") else dist),
-        "rows": rows, "cols": cols, "eps": 1e-5,
+        "w": gen_values(rng, (cols,), "normal" if dist in ("large", "tiny", "special") else dist),
+        "rows": rows, "cols": cols, "eps": log_uniform(rng, *EPS),
     }
 
 
@@ -46,8 +47,9 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="rmsnorm",
-    version=1,
-    description="Row-wise RMS normalisation with a learned scale (Llama RMSNorm), fp32.",
+    version=2,
+    description="Row-wise RMS normalisation with a learned scale (Llama RMSNorm), fp32; eps is an "
+                "argument (1e-6 .. 1e-3).",
     args=(Arg("x", "in"), Arg("w", "in"), Arg("y", "out"), Arg("rows", "int"), Arg("cols", "int"),
           Arg("eps", "float")),
     make_inputs=make_inputs,
@@ -60,8 +62,11 @@ PROBLEM = Problem(
     workload=({"rows": 1, "cols": HIDDEN}, {"rows": 8, "cols": HIDDEN}, {"rows": 128, "cols": HIDDEN}),
     edge_shapes=({"rows": 1, "cols": 1}, {"rows": 1, "cols": 7}, {"rows": 3, "cols": 17},
                  {"rows": 5, "cols": 31}, {"rows": 2, "cols": 577}, {"rows": 13, "cols": 576},
-                 {"rows": 2, "cols": 4099}),
-    dists=("normal", "uniform", "large", "tiny", "constant", "alternating"),
+                 {"rows": 2, "cols": 4099}, {"rows": 1, "cols": 1023}, {"rows": 3, "cols": 1025},
+                 {"rows": 1, "cols": 64}),
+    stress_shapes=({"rows": 1, "cols": 16384}, {"rows": 2, "cols": 65536}, {"rows": 512, "cols": HIDDEN}),
+    param_ranges={"eps": EPS},
+    dists=("normal", "uniform", "large", "tiny", "constant", "alternating", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("rmsnorm.c.j2")).read_text(),
     knobs={"vw": [1, 4, 8, 16], "acc": [1, 2, 4], "unroll": [1, 2, 4],

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 VOCAB = 49152  # SmolLM2-135M
 SCORES = 512  # attention-score rows of a 512-token context
@@ -15,8 +15,9 @@ def make_inputs(shape, rng, dist):
     if dist != "special":
         return {"x": gen_values(rng, (rows, cols), dist), "rows": rows, "cols": cols}
     # masked scores: about a tenth of the entries are -inf, never a whole row (the softmax of an
-    # all -inf row is undefined); row 0 keeps a single finite entry
-    x = gen_values(rng, (rows, cols), "normal")
+    # all -inf row is undefined); row 0 keeps a single finite entry. Elsewhere NaN (the row's
+    # result is NaN: it must not be dropped), -0.0 and denormals.
+    x = with_specials(rng, gen_values(rng, (rows, cols), "normal"))
     x[rng.random((rows, cols)) < 0.1] = -np.inf
     x[0, :] = -np.inf
     x[np.arange(rows), rng.integers(0, cols, rows)] = rng.standard_normal(rows).astype(np.float32)
@@ -51,7 +52,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="softmax",
-    version=1,
+    version=2,
     description="Row-wise numerically stable softmax (attention scores, vocabulary logits), fp32.",
     args=(Arg("x", "in"), Arg("y", "out"), Arg("rows", "int"), Arg("cols", "int")),
     make_inputs=make_inputs,
@@ -67,7 +68,9 @@ PROBLEM = Problem(
     # the first edge shape is the one check_problem probes: softmax of a 1-wide row is constant
     edge_shapes=({"rows": 3, "cols": 17}, {"rows": 1, "cols": 1}, {"rows": 1, "cols": 7},
                  {"rows": 5, "cols": 31}, {"rows": 2, "cols": 577}, {"rows": 13, "cols": 33},
-                 {"rows": 1, "cols": 16411}, {"rows": 3, "cols": 50021}),
+                 {"rows": 1, "cols": 16411}, {"rows": 3, "cols": 50021}, {"rows": 2, "cols": 1023},
+                 {"rows": 1, "cols": 257}),
+    stress_shapes=({"rows": 2, "cols": 65536}, {"rows": 1, "cols": 4 * VOCAB}, {"rows": 288, "cols": SCORES}),
     dists=("normal", "uniform", "large", "tiny", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("softmax.c.j2")).read_text(),

@@ -2,13 +2,16 @@
 
 from pathlib import Path
 
-from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values
+from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 INTERMEDIATE = 1536  # SmolLM2-135M
 
 
 def make_inputs(shape, rng, dist):
     n = shape["n"]
+    if dist == "special":  # NaN, -0.0 and denormals in both (silu(-inf) is undefined: no inf)
+        return {"gate": with_specials(rng, gen_values(rng, (n,), "normal")),
+                "up": with_specials(rng, gen_values(rng, (n,), "normal")), "n": n}
     return {"gate": gen_values(rng, (n,), dist), "up": gen_values(rng, (n,), dist), "n": n}
 
 
@@ -38,7 +41,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="swiglu",
-    version=1,
+    version=2,
     description="SiLU-gated product silu(gate) * up over a flat fp32 vector (Llama MLP activation).",
     args=(Arg("gate", "in"), Arg("up", "in"), Arg("y", "out"), Arg("n", "int")),
     make_inputs=make_inputs,
@@ -51,8 +54,9 @@ PROBLEM = Problem(
                                      "only absorbs results that underflow (|gate| ~ 1e4)"),
     workload=({"n": INTERMEDIATE}, {"n": 8 * INTERMEDIATE}, {"n": 128 * INTERMEDIATE}),
     edge_shapes=({"n": 17}, {"n": 1}, {"n": 7}, {"n": 31}, {"n": 577}, {"n": 4099},
-                 {"n": 65537}),
-    dists=("normal", "uniform", "large", "tiny", "alternating"),
+                 {"n": 65537}, {"n": 1023}, {"n": 257}),
+    stress_shapes=({"n": 4 * 128 * INTERMEDIATE}, {"n": 1 << 16}),
+    dists=("normal", "uniform", "large", "tiny", "alternating", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("swiglu.c.j2")).read_text(),
     knobs={"vw": [1, 4, 8, 16], "unroll": [1, 2, 4], "form": ["div", "stable"],
