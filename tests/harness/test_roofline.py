@@ -1,0 +1,51 @@
+"""The roofline: measured as a median under a recorded load, and never shown beaten."""
+
+import os
+
+import pytest
+
+from swarmfactory.harness import roofline
+
+ROOFS = {"bandwidth": [[1 << 20, 100e9], [1 << 30, 20e9]], "peak_flops": 1e12, "loadavg": [3.1, 3.0]}
+
+
+def test_a_fraction_beyond_the_roof_is_unknown_not_a_figure():
+    # 1 GB at 20 GB/s: the roof says 50 ms
+    assert roofline.fraction(ROOFS, 1e9, 0, 0.1) == pytest.approx(0.5)
+    assert roofline.fraction(ROOFS, 1e9, 0, 0.0495) == pytest.approx(0.05 / 0.0495)  # timing noise at the roof
+    assert roofline.fraction(ROOFS, 1e9, 0, 0.04) is None  # 125%: the roof is wrong
+    assert roofline.beaten(ROOFS, 1e9, 0, 0.04) and not roofline.beaten(ROOFS, 1e9, 0, 0.1)
+
+
+def test_describe_never_prints_more_than_100_percent():
+    assert roofline.describe(0.874) == "87%"
+    assert roofline.describe(1.01) == "100%"
+    for frac in (1.1, 2.24, None):
+        text = roofline.describe(frac, ROOFS)
+        assert "%" not in text and "roof too low" in text and "load 3.1" in text
+
+
+def test_remeasure_keeps_the_higher_roof(monkeypatch):
+    new = {"bandwidth": [[1 << 20, 80e9], [1 << 30, 30e9]], "peak_flops": 2e12, "loadavg": [0.2, 0.3],
+           "quiet": True}
+    monkeypatch.setattr(roofline, "measure_roofs", lambda cpus, wait_s=0.0: dict(new))
+    merged = roofline.remeasure([0], ROOFS)
+    assert merged["bandwidth"] == [[1 << 20, 100e9], [1 << 30, 30e9]]
+    assert merged["peak_flops"] == 2e12 and merged["remeasured"] == 1 and merged["loadavg"] == [0.2, 0.3]
+
+
+def test_wait_for_quiet_waits_for_the_load_to_drop(monkeypatch):
+    loads = iter([9.0, 9.0, 0.0])
+    monkeypatch.setattr(roofline, "_load", lambda: next(loads))
+    monkeypatch.setattr(roofline.time, "sleep", lambda s: None)
+    assert roofline.wait_for_quiet(1, limit_s=60)
+    monkeypatch.setattr(roofline, "_load", lambda: 9.0)
+    assert not roofline.wait_for_quiet(1, limit_s=0)
+
+
+def test_measured_roofs_are_medians_with_their_load():
+    roofs = roofline.measure_roofs([sorted(os.sched_getaffinity(0))[0]], repeats=3)
+    assert roofs["repeats"] == 3 and roofs["threads"] == 1 and roofs["spread"] >= 1.0
+    assert len(roofs["loadavg"]) == 2 and isinstance(roofs["quiet"], bool)
+    assert [s for s, _ in roofs["bandwidth"]] == list(roofline.SIZES)
+    assert all(r > 0 for _, r in roofs["bandwidth"]) and roofs["peak_flops"] > 0
