@@ -15,8 +15,10 @@ def validation_set(problem: Problem, store=None) -> tuple[list[Case], str]:
     cases = problem.seed_cases()
     found = store.found_cases(problem.name) if store is not None else []
     known = {c.key() for c in cases}
+    from swarmfactory.agents.adversary import case_from_key
+
     for row in found:
-        case = Case(row["shape"], seed=row["seed"], dist=row["dist"], origin=row["found_by"])
+        case = case_from_key(row["case_key"], origin=row["found_by"])
         if case.key() not in known:
             cases.append(case)
             known.add(case.key())

@@ -1,10 +1,12 @@
 """The adversary: an agent whose job is to break the retained candidates.
 
-It proposes validation *cases*, not kernels: edge shapes (1, primes, non-multiples of the vector
-width and tile, very long rows, each dimension alone at its extreme) and value distributions
-(huge/tiny magnitudes, constant rows, alternating signs, special values where the problem
-defines them), weighted towards what broke kernels of this problem before (the shapes and
-distributions of recorded ``wrong`` verdicts). A case is kept only if the reference is well
+It proposes validation *cases*, not kernels, searching every dimension of a case: edge shapes
+(1, primes, non-multiples of the vector width and tile, very long rows, each dimension alone at
+its extreme), value distributions (huge/tiny magnitudes, constant rows, alternating signs, NaN,
+-0.0, denormals and infinities where the problem defines them) and scalar arguments (eps, theta,
+scale... at the ends of their realistic range and in between), weighted towards what broke
+kernels of this problem before (the shapes and distributions of recorded ``wrong`` verdicts).
+Out-of-bounds writes need no case of their own: every buffer sits between guard zones. A case is kept only if the reference is well
 defined on it and it makes a retained candidate disagree with the reference: then it becomes a
 permanent case with provenance, and the validation set's version changes.
 """
@@ -38,7 +40,9 @@ class Finding:
 def well_defined(problem: Problem, case: Case) -> bool:
     """The reference must give finite outputs wherever the inputs are finite (and run at all)."""
     try:
-        inputs = problem.make_inputs(case.shape, np.random.default_rng(case.seed), case.dist)
+        if not problem.valid_shape(case.shape):
+            return False
+        inputs = problem.case_inputs(case)
         if not problem.valid_shape(case.shape):
             return False
         n = sum(v.size for v in inputs.values() if isinstance(v, np.ndarray))
@@ -76,6 +80,15 @@ class AdversaryAgent:
         near = {v + d for v in seen for d in (-2, -1, 1, 2) if v + d >= 1}
         return sorted(set(SMALL) | set(TAILS) | set(LONG) | near | set(seen))
 
+    @staticmethod
+    def _params(problem: Problem, rng: random.Random) -> dict[str, float]:
+        """Half the cases pin each scalar argument: at an end of its range or log-uniformly inside."""
+        params = {}
+        for name, (lo, hi) in problem.param_ranges.items():
+            if rng.random() < 0.5:
+                params[name] = float(np.float32(rng.choice((lo, hi, math.exp(rng.uniform(math.log(lo), math.log(hi)))))))
+        return params
+
     def propose_cases(self, problem: Problem, failures: list[dict], rng: random.Random,
                       known: set[str]) -> list[Case]:
         dims = list(problem.workload[0])
@@ -109,7 +122,8 @@ class AdversaryAgent:
                 for d in dims:
                     shape[d] = rng.choice(values[d])
             dist = rng.choice(fail_dists) if fail_dists and rng.random() < 0.3 else rng.choice(dists)
-            case = Case(shape, seed=rng.randrange(1 << 30), dist=dist, origin=self.name)
+            case = Case(shape, seed=rng.randrange(1 << 30), dist=dist, origin=self.name,
+                        params=self._params(problem, rng))
             if case.key() in known or math.prod(shape.values()) > MAX_ELEMENTS:
                 continue
             if not well_defined(problem, case):
@@ -142,4 +156,4 @@ class AdversaryAgent:
 
 def case_from_key(key: str, origin: str = "seed") -> Case:
     d = json.loads(key)
-    return Case(d["shape"], d["seed"], d["dist"], origin)
+    return Case(d["shape"], d["seed"], d["dist"], origin, params=d.get("params", {}))

@@ -16,8 +16,6 @@ the call counter against the inputs' replayed mutations.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import os

@@ -27,10 +27,10 @@ from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool
 from swarmfactory.harness.candidate import CandidateProcess
 from swarmfactory.harness.outcome import Outcome, Rejected, ShapeTiming, Verdict
 from swarmfactory.harness.roofline import measure_roofs, roofline_seconds
-from swarmfactory.harness.slots import SlotGroup, arg_sizes, group_bytes
+from swarmfactory.harness.slots import SlotGroup, group_bytes
 from swarmfactory.harness.static import check_source
 from swarmfactory.harness.timing import calibrate, geomean, median_ci, sample
-from swarmfactory.harness.verify import CASES, check_slot, expected_for, slot_key, verify
+from swarmfactory.harness.verify import check_slot, expected_for, slot_key, verify
 from swarmfactory.problems.spec import Case, Problem
 
 ARENA_BUDGET = 1 << 31   # bytes of shared memory one measurement may lay out

@@ -15,7 +15,6 @@ import importlib.util
 import sys
 import time
 
-import numpy as np
 
 from swarmfactory.harness import protocol
 

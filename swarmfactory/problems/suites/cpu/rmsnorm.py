@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-import numpy as np
 
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform
 
