@@ -100,6 +100,17 @@ def torch_env_for_mask(level: str) -> dict[str, str]:
             "MKL_ENABLE_INSTRUCTIONS": isa[2]}
 
 
+def march_flags() -> tuple[str, ...]:
+    """Compiler target flags for code built for this machine: -march=native, or under a mask
+    the explicit level it allows (so nothing is compiled for an instruction the emulated
+    machine lacks)."""
+    level = cpu_mask()
+    if level is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("-march=native",)
+    return {"avxvnni": ("-march=x86-64-v3", "-mavxvnni"), "avx2": ("-march=x86-64-v3",),
+            "portable": ("-march=x86-64",)}[level]
+
+
 @cache
 def cpu_fingerprint() -> dict:
     """CPU model, SIMD features (as masked) and core count; ``id`` is a short hash of them."""

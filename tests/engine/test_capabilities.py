@@ -84,3 +84,11 @@ def test_a_failing_int4_probe_runs_q4_1_on_dense_weights(monkeypatch, fresh_prob
     assert "torch int4 kernel unavailable (simulated); using dense copies" in caplog.text
     assert eng.model.layers[0].down.kernel.name == "dense"
     assert "Paris" in eng.generate("The capital of France is", max_tokens=6)[0].text
+
+
+def test_compiler_targets_follow_the_mask(monkeypatch):
+    monkeypatch.delenv(hardware.MASK_ENV, raising=False)
+    assert hardware.march_flags() == ("-march=native",)
+    monkeypatch.setenv(hardware.MASK_ENV, "avx2")
+    if hardware.platform.machine().lower() in ("x86_64", "amd64"):
+        assert hardware.march_flags() == ("-march=x86-64-v3",)
