@@ -122,6 +122,8 @@ class Harness:
                 verdict = Verdict(rej.outcome, rej.detail, rej.stage, evidence=rej.evidence)
         verdict.cases_checked = prep.cases_checked
         verdict.seconds = prep.seconds + time.monotonic() - t0
+        if prep.problem.note:
+            verdict.flags.append(prep.problem.note)
         verdict.evidence.setdefault("isolation", prep.extra.get("isolation"))
         return verdict
 

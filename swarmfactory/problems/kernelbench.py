@@ -1,4 +1,4 @@
-"""KernelBench-format files as fixed-shape problems.
+"""KernelBench-format files as fixed-shape problems, held to the same standard as the bundled ones.
 
 A KernelBench file defines ``class Model(nn.Module)``, ``get_inputs()`` and
 ``get_init_inputs()``. It becomes a problem with one shape (the one ``get_inputs`` makes), whose C
@@ -7,14 +7,20 @@ tensors of ``get_inputs()`` in order, then the model's parameters and buffers in
 ``named_parameters()``/``named_buffers()`` order (a kernel cannot compute a Linear without its
 weight), then the outputs. All are fp32, contiguous, row-major; anything else is refused.
 
-* Weights: ``torch.manual_seed(0)`` before ``Model(*get_init_inputs())``, so they are the same
-  on every load; they stay fixed across cases (they are part of the problem, like a checkpoint).
-* Inputs: every case calls ``get_inputs()`` under a torch seed drawn from the case's rng, so the
-  values follow the file's own distribution (its one dist is called "normal").
-* Reference: the model in float64 when it runs in float64, else in fp32; baseline: the fp32
-  model in eager mode.
+* Inputs: the file's own distribution ("normal": ``get_inputs()`` under a seed drawn from the
+  case), and beyond it, at the same shapes, signed (standard normal), large, tiny and
+  special-valued (NaN, -0.0, denormals) inputs: ``torch.rand`` is never negative, so a copy would
+  pass as a ReLU on the file's own inputs alone.
+* Parameters: drawn per case around the seeded model's initial values (their spread, or half
+  their magnitude where they are constant, as LayerNorm's ones and zeros are), so a kernel that
+  ignores a weight or a bias is wrong.
+* Reference: the model in float64 when it runs in float64, else in fp32. Baseline and the "vs
+  reference" column: the fp32 model in eager mode, with the case's parameters loaded.
 * Tolerance: KernelBench's own check (``torch.allclose`` with rtol = atol = 1e-2) unless the file
-  sets ``RTOL`` and ``ATOL``.
+  sets ``RTOL`` and ``ATOL``; where a trivial output would pass a case under it (softmax rows of
+  16k columns are all below 1e-2), the harness tightens that case.
+* Size: a file whose inputs and parameters do not fit in ``MAX_BYTES`` is scaled down, by
+  halving its module-level integer sizes until they fit; the problem says so in its note.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from swarmfactory.problems.spec import Arg, Problem, Tolerance
+from swarmfactory.problems.spec import Arg, Problem, Tolerance, gen_values, with_specials
 
 KERNELBENCH_TOL = 1e-2
+MAX_BYTES = 256 << 20          # inputs + parameters + outputs, fp32
+KB_DISTS = ("normal", "signed", "large", "tiny", "special")
 
 
 def _error(msg: str):
@@ -57,6 +65,57 @@ def _check_fp32(tensors, what: str, path: Path) -> None:
             raise _error(f"{path}: {what}[{i}] is {t.dtype}; only torch.float32 is supported")
 
 
+def _footprint(module) -> int:
+    """Bytes of fp32 inputs, parameters and outputs, computed on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        model = module.Model(*module.get_init_inputs())
+        example = list(module.get_inputs())
+        outs = _as_tuple(model(*example))
+    tensors = [*example, *model.parameters(), *model.buffers(), *outs]
+    return sum(t.numel() * 4 for t in tensors if isinstance(t, torch.Tensor))
+
+
+def scale_to_fit(module, limit: int = MAX_BYTES) -> str:
+    """Halve the module's integer sizes (largest first) until the problem fits in ``limit``
+    bytes; returns what was changed, or "" if nothing had to be."""
+    try:
+        size = _footprint(module)
+    except Exception:
+        return ""  # sizes unknown without running: load as is
+    if size <= limit:
+        return ""
+    original = {k: v for k, v in vars(module).items()
+                if isinstance(v, int) and not isinstance(v, bool) and v > 1 and not k.startswith("_")}
+    for _ in range(200):
+        if size <= limit:
+            break
+        shrunk = False
+        for name in sorted(original, key=lambda k: -getattr(module, k)):
+            value = getattr(module, name)
+            if value <= 1:
+                continue
+            setattr(module, name, max(1, value // 2))
+            try:
+                smaller = _footprint(module)
+            except Exception:
+                smaller = size
+            if smaller < size:
+                size, shrunk = smaller, True
+                break
+            setattr(module, name, value)
+        if not shrunk:
+            break
+    changed = [f"{k} {v} -> {getattr(module, k)}" for k, v in original.items() if getattr(module, k) != v]
+    if size > limit:
+        raise _error(f"the problem needs {size / 2**20:.0f} MiB even after scaling its sizes down "
+                     f"({', '.join(changed) or 'no module-level integer sizes found'}); "
+                     f"the limit is {limit / 2**20:.0f} MiB")
+    return (f"scaled down to fit {limit >> 20} MiB: {', '.join(changed)} "
+            f"({size / 2**20:.0f} MiB of inputs, parameters and outputs)")
+
+
 def from_kernelbench_module(module, path) -> Problem:
     """The problem a KernelBench module describes; ``ProblemError`` if it cannot be one."""
     import torch
@@ -67,6 +126,7 @@ def from_kernelbench_module(module, path) -> Problem:
         if not hasattr(module, attr):
             raise _error(f"{path}: a KernelBench file needs Model, get_inputs and "
                          f"get_init_inputs; {attr} is missing")
+    note = scale_to_fit(module)
     try:
         torch.manual_seed(0)
         model = module.Model(*module.get_init_inputs()).eval()
@@ -105,16 +165,22 @@ def from_kernelbench_module(module, path) -> Problem:
         pass
 
     def make_inputs(_shape, rng: np.random.Generator, dist: str) -> dict[str, Any]:
-        if dist != "normal":
-            raise ValueError(f"KernelBench problems have one distribution, 'normal', not {dist!r}")
+        if dist not in KB_DISTS:
+            raise ValueError(f"unknown distribution {dist!r} for a KernelBench problem; known: {KB_DISTS}")
         with torch.random.fork_rng():
             torch.manual_seed(int(rng.integers(0, 2**62)))
             tensors = list(module.get_inputs())
         got = [tuple(t.shape) for t in tensors]
         if got != in_shapes:
             raise ValueError(f"get_inputs() changed shape: {got} != {in_shapes}")
-        return {**{f"in{i}": t.detach().contiguous().numpy().copy() for i, t in enumerate(tensors)},
-                **fixed_params}
+        arrays = [t.detach().contiguous().numpy().copy() for t in tensors]
+        if dist != "normal":  # beyond the file's own distribution, at its shapes
+            base = "normal" if dist in ("signed", "special") else dist
+            arrays = [gen_values(rng, a.shape, base) for a in arrays]
+            if dist == "special":
+                arrays = [with_specials(rng, a) for a in arrays]
+        params_now = {k: _perturb(v, rng) for k, v in fixed_params.items()}
+        return {**{f"in{i}": a for i, a in enumerate(arrays)}, **params_now}
 
     def _call(m, t, dtype):
         args = [t[f"in{i}"].to(dtype) for i in range(n_in)]
@@ -126,11 +192,16 @@ def from_kernelbench_module(module, path) -> Problem:
         return {f"out{i}": o for i, o in enumerate(_call(ref_model, t, ref_dtype))}
 
     def baseline_eager(t):
+        """The fp32 model with the case's parameters loaded (outside the timed call)."""
         args = [t[f"in{i}"] for i in range(n_in)]
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for i, n in enumerate(param_names):
+                _tensor_at(m, n).copy_(t[f"p{i}"])
 
         def fn():
             with torch.no_grad():
-                return model(*args)
+                return m(*args)
 
         return fn
 
@@ -151,9 +222,28 @@ def from_kernelbench_module(module, path) -> Problem:
         output_shapes=lambda _s: dict(out_shapes),
         reference=reference,
         baselines={"eager": baseline_eager},
+        eager=baseline_eager,
         tolerance=Tolerance(rtol, atol, reason),
         workload=(shape,),
         edge_shapes=(shape,),
-        dists=("normal",),
+        dists=KB_DISTS,
+        seeds_per_case=4,
         source_path=str(path.resolve()),
+        note=note,
     )
+
+
+def _perturb(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A parameter drawn around its initial value: its spread, or half its magnitude (at least
+    0.5) where it is constant, so every parameter matters in every case."""
+    spread = float(p.std()) if p.size > 1 else 0.0
+    if not spread > 0:
+        spread = 0.5 * max(float(np.abs(p).mean()) if p.size else 0.0, 1.0)
+    return (p + rng.standard_normal(p.shape) * spread).astype(np.float32)
+
+
+def _tensor_at(model, dotted: str):
+    obj = model
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj

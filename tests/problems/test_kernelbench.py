@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from swarmfactory.problems import ProblemError, load_problem
 from swarmfactory.problems.spec import to_torch
@@ -22,7 +23,7 @@ void kb_linear_relu(const float *in0, const float *in1, const float *p0, const f
         for (int o = 0; o < 7; o++) {
             float acc = p1[o];
             for (int i = 0; i < 10; i++) acc += in0[r * 10 + i] * p0[o * 10 + i];
-            out0[r * 7 + o] = (acc > 0.0f ? acc : 0.0f) * in1[r * 7 + o];
+            out0[r * 7 + o] = (acc > 0.0f || acc != acc ? acc : 0.0f) * in1[r * 7 + o];  /* NaN stays NaN */
         }
 }
 """
@@ -43,7 +44,7 @@ def test_kernelbench_reference_runs_and_the_eager_baseline_agrees(assert_close):
     a = p.make_inputs(p.workload[0], np.random.default_rng(1), "normal")
     b = p.make_inputs(p.workload[0], np.random.default_rng(2), "normal")
     assert not np.array_equal(a["in0"], b["in0"]), "cases must get fresh inputs"
-    assert np.array_equal(a["p0"], b["p0"]), "weights are fixed by the seeded Model"
+    assert not np.array_equal(a["p0"], b["p0"]), "weights are drawn per case"
     assert (a["in1"] >= 0).all(), "inputs follow the file's get_inputs() distribution (rand)"
     ref = p.reference(to_torch(a))
     assert ref["out0"].dtype.is_floating_point and tuple(ref["out0"].shape) == (3, 7)
@@ -72,3 +73,125 @@ def test_kernelbench_file_with_unsupported_inputs_is_refused_clearly(tmp_path, b
                  "def get_init_inputs():\n    return []\n")
     with pytest.raises(ProblemError, match=message):
         load_problem(str(f))
+
+
+KB_HEADER = "import torch\nimport torch.nn as nn\n\n"
+
+
+def kb_file(tmp_path, name: str, body: str):
+    f = tmp_path / f"{name}.py"
+    f.write_text(KB_HEADER + body)
+    return load_problem(str(f))
+
+
+RELU = """
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.rand(16, 1024)]
+
+def get_init_inputs():
+    return []
+"""
+
+LAYERNORM = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.ln(x)
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+SOFTMAX = """
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+def get_inputs():
+    return [torch.rand(16, 16384)]
+
+def get_init_inputs():
+    return []
+"""
+
+HUGE = """
+batch_size = 4096
+dim = 393216
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_copy_does_not_pass_as_relu_once_inputs_are_signed(tmp_path, harness):
+    p = kb_file(tmp_path, "kb_relu", RELU)
+    copy = ("#include <stdint.h>\n#include <string.h>\n"
+            "void kb_relu(const float *in0, float *out0) { memcpy(out0, in0, 16 * 1024 * 4); }\n")
+    relu = ("#include <stdint.h>\n"
+            "void kb_relu(const float *in0, float *out0) {\n"
+            "  for (int i = 0; i < 16 * 1024; i++) out0[i] = in0[i] > 0.0f ? in0[i] : (in0[i] != in0[i] ? in0[i] : 0.0f); }\n")
+    assert harness.evaluate(p, copy, measure=False).outcome.value == "wrong"
+    assert harness.evaluate(p, relu, measure=False).outcome.value == "not_faster"  # verified
+
+
+def test_a_layernorm_that_ignores_its_weight_and_bias_is_wrong(tmp_path, harness):
+    p = kb_file(tmp_path, "kb_layernorm", LAYERNORM)
+    assert p.c_signature == "void kb_layernorm(const float *in0, const float *p0, const float *p1, float *out0)"
+    body = """
+#include <stdint.h>
+#include <math.h>
+void kb_layernorm(const float *in0, const float *p0, const float *p1, float *out0) {
+    for (int r = 0; r < 8; r++) {
+        const float *x = in0 + r * 64; float m = 0, v = 0;
+        for (int i = 0; i < 64; i++) m += x[i];
+        m /= 64;
+        for (int i = 0; i < 64; i++) v += (x[i] - m) * (x[i] - m);
+        float inv = 1.0f / sqrtf(v / 64 + 1e-5f);
+        for (int i = 0; i < 64; i++) out0[r * 64 + i] = (x[i] - m) * inv WEIGHTED;
+    }
+}
+"""
+    ignores = body.replace("WEIGHTED", "")
+    uses = body.replace("WEIGHTED", "* p0[i] + p1[i]")
+    assert harness.evaluate(p, ignores, measure=False).outcome.value == "wrong"
+    assert harness.evaluate(p, uses, measure=False).outcome.value == "not_faster"
+
+
+def test_zeros_do_not_pass_a_softmax_whose_outputs_are_all_below_the_tolerance(tmp_path, harness):
+    p = kb_file(tmp_path, "kb_softmax", SOFTMAX)
+    assert p.tolerance.atol == 1e-2
+    zeros = ("#include <string.h>\n"
+             "void kb_softmax(const float *in0, float *out0) { memset(out0, 0, 16 * 16384 * 4); }\n")
+    v = harness.evaluate(p, zeros, measure=False)
+    assert v.outcome.value == "wrong", v.detail
+
+
+def test_a_file_too_large_to_load_is_scaled_down_and_says_so(tmp_path):
+    p = kb_file(tmp_path, "kb_huge", HUGE)
+    assert "scaled down" in p.note and "dim 393216 ->" in p.note
+    sizes = p.workload[0]
+    assert sizes["in0_d0"] * sizes["in0_d1"] * 4 * 2 <= 256 << 20
+
+
+def test_the_vs_reference_column_times_the_fp32_model():
+    p = load_problem(LINEAR_RELU)
+    assert p.eager is not None
+    t = to_torch(p.make_inputs(p.workload[0], np.random.default_rng(3), "normal"))
+    assert p.eager(t)().dtype == torch.float32
