@@ -33,3 +33,50 @@ def test_forbidden_things_are_named():
     for src, needle in cases.items():
         reason = check_source(src)
         assert reason and needle in reason, (src, reason)
+
+
+def test_names_assembled_by_the_preprocessor_are_seen_after_expansion():
+    from swarmfactory.backends.c import CBackend
+    from swarmfactory.backends.base import CheatError
+
+    src = ("#include <stdint.h>\n#define GLUE(a, b) a##b\n"
+           "extern long GLUE(sys, call)(long, ...);\n"
+           "void k(const float *x, float *y, int64_t n) { GLUE(sys, call)(39); y[0] = x[0]; }\n")
+    assert check_source(src) is None  # the text filter alone misses it
+    try:
+        CBackend().build(src, "k", checks=True)
+    except CheatError as exc:
+        assert "syscall" in str(exc) and "preprocessing" in str(exc)
+    else:
+        raise AssertionError("the pasted name was not found")
+
+
+def test_the_assembly_check_finds_inline_asm_hidden_behind_a_macro():
+    from swarmfactory.backends.c import CBackend
+    from swarmfactory.backends.base import CheatError
+
+    src = ("#include <stdint.h>\n#define A(x) __as##m__ volatile(x)\n"
+           "void k(const float *x, float *y, int64_t n) { A(\"nop\"); y[0] = x[0]; }\n")
+    try:
+        CBackend().build(src, "k", checks=True)
+    except CheatError as exc:
+        assert "inline assembly" in str(exc)
+    else:
+        raise AssertionError("hidden inline assembly was not found")
+
+
+def test_a_definition_that_disagrees_with_the_abi_fails_to_build_and_names_the_prototype(harness):
+    from swarmfactory.problems import load_problem
+
+    p = load_problem("rmsnorm")
+    wrong = ("#include <stdint.h>\nvoid rmsnorm(const float *x, float *y, int n) { y[0] = x[0]; }\n")
+    v = harness.evaluate(p, wrong, measure=False)
+    assert v.outcome.value == "build_failed", v.detail
+    assert p.c_signature in v.detail
+
+
+def test_an_empty_source_says_it_is_empty(harness):
+    from swarmfactory.problems import load_problem
+
+    v = harness.evaluate(load_problem("rmsnorm"), "  \n\n", measure=False)
+    assert v.outcome.value == "build_failed" and "empty" in v.detail
