@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, insert, select, update
+from sqlalchemy import create_engine, event, insert, inspect, select, update
 from sqlalchemy.engine import Engine
 
 from swarmfactory.evidence import schema as S
@@ -28,12 +28,53 @@ class StoreError(RuntimeError):
     pass
 
 
-def store_url(path_or_url: str | None) -> str:
-    target = path_or_url or os.environ.get("SWARMFACTORY_STORE") or DEFAULT_PATH
+def store_url(path_or_url: str | None, create: bool = True) -> str:
+    """The SQLAlchemy URL for ``--store`` (a SQLite path or a URL), checked before anything opens it.
+
+    Only the default store's folder (``.swarmfactory/``, used when neither a path nor
+    ``SWARMFACTORY_STORE`` is given) is created; a path the user gave must lie in an existing
+    folder. With ``create=False`` (reading commands) a SQLite file that does not exist is an
+    error, never a new empty store.
+    """
+    given = path_or_url or os.environ.get("SWARMFACTORY_STORE")
+    target = given or DEFAULT_PATH
     if "://" in target:
-        return target.replace("postgresql://", "postgresql+psycopg://", 1) if target.startswith("postgresql://") else target
-    Path(target).parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{Path(target).resolve()}"
+        scheme = target.split("://", 1)[0].lower()
+        if scheme == "postgresql":
+            return target.replace("postgresql://", "postgresql+psycopg://", 1)
+        if scheme.split("+", 1)[0] == "postgresql":
+            return target
+        if scheme.split("+", 1)[0] != "sqlite":
+            raise StoreError(f"unknown store URL scheme {scheme!r} in {target!r}: give a SQLite file path "
+                             "or a postgresql:// URL")
+        from sqlalchemy.engine import make_url
+
+        db = make_url(target).database
+        if db and db != ":memory:":
+            _check_sqlite_path(Path(db), target, create, given is None)
+        return target
+    path = Path(target).expanduser()
+    _check_sqlite_path(path, target, create, given is None)
+    return f"sqlite:///{path.resolve()}"
+
+
+def _check_sqlite_path(path: Path, shown: str, create: bool, default: bool) -> None:
+    if path.is_dir():
+        raise StoreError(f"store {shown} is a folder: give a database file, e.g. --store {path / 'evidence.db'}")
+    if path.exists():
+        return
+    if not create:
+        raise StoreError(f"no evidence store at {shown}: check --store (or SWARMFACTORY_STORE); "
+                         "`swarmfactory run` or `eval` creates one")
+    parent = path.parent
+    if parent.is_dir():
+        return
+    if default:
+        parent.mkdir(parents=True, exist_ok=True)
+        return
+    what = "is a file, not a folder" if parent.exists() else "does not exist"
+    raise StoreError(f"cannot create store {shown}: {parent} {what} (a new store's folder is not created "
+                     "for you): create the folder or choose another --store")
 
 
 def content_hash(source: str, backend: str, flags: list[str] | tuple[str, ...] = ()) -> str:
@@ -44,18 +85,36 @@ def content_hash(source: str, backend: str, flags: list[str] | tuple[str, ...] =
 
 
 class Store:
-    def __init__(self, path_or_url: str | None = None):
-        self.url = store_url(path_or_url)
-        self.engine: Engine = create_engine(self.url, future=True, pool_pre_ping=True)
+    """Open (``create=False``: an existing store only) or create an evidence store.
+
+    Every failure to open one is a ``StoreError`` with a one-line message. ``created`` says
+    whether this call made a new store.
+    """
+
+    def __init__(self, path_or_url: str | None = None, *, create: bool = True):
+        self.url = store_url(path_or_url, create)
+        try:
+            self.engine: Engine = create_engine(self.url, future=True, pool_pre_ping=True)
+        except Exception as exc:
+            raise StoreError(f"cannot open store {self.url}: {_one_line(exc)}") from exc
+        db = self.engine.url.database if self.url.startswith("sqlite") else None
+        self._new_file = bool(db) and db != ":memory:" and not Path(db).exists()
         if self.url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.lock = threading.Lock()
         self.hardware = cpu_fingerprint()
-        self._init_schema()
+        self.created = self._init_schema(create)
 
-    def _init_schema(self) -> None:
+    def _init_schema(self, create: bool) -> bool:
         try:
-            S.metadata.create_all(self.engine)
+            if self.url.startswith("sqlite"):  # read-only look first: a file that is not ours stays untouched
+                _check_sqlite_store(self.engine.url.database, create)
+            with self.engine.connect() as c:
+                exists = inspect(c).has_table(S.meta.name)
+            if not exists and not create:
+                raise StoreError(f"{self.url} is not a swarmfactory evidence store (no {S.meta.name} table)")
+            if not exists:
+                S.metadata.create_all(self.engine)
             with self.engine.begin() as c:
                 row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
                 if row is None:
@@ -63,10 +122,21 @@ class Store:
                 elif int(row[0]) != S.SCHEMA_VERSION:
                     raise StoreError(f"store {self.url} has schema v{row[0]}, this swarmfactory "
                                      f"reads v{S.SCHEMA_VERSION}; use a new --store")
+            return not exists
         except StoreError:
+            self.engine.dispose()
             raise
         except Exception as exc:
-            raise StoreError(f"cannot open store {self.url}: {type(exc).__name__}: {exc}") from exc
+            self.engine.dispose()
+            raise StoreError(f"cannot open store {self.url}: {_one_line(exc)}") from exc
+
+    def discard_if_created(self) -> None:
+        """Remove the SQLite file this ``Store`` just created (a run that could not start leaves
+        no empty store behind); anything else is left alone."""
+        self.engine.dispose()
+        if self.created and self._new_file:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(self.engine.url.database + suffix).unlink(missing_ok=True)
 
     def _exec(self, stmt):
         with self.lock, self.engine.begin() as c:
@@ -236,6 +306,29 @@ def _tools_key() -> str:
     import torch
 
     return f"torch-{torch.__version__}"
+
+
+def _check_sqlite_store(database: str | None, create: bool) -> None:
+    """An existing SQLite file must hold a store; only an empty one may become one."""
+    if not database or database == ":memory:" or not Path(database).exists():
+        return
+    import sqlite3
+
+    con = sqlite3.connect(Path(database).resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        con.close()
+    if S.meta.name not in tables and (tables or not create):
+        raise StoreError(f"{database} is not a swarmfactory evidence store (no {S.meta.name} table): "
+                         "give another --store")
+
+
+def _one_line(exc: Exception) -> str:
+    """The driver's own message, first line only (SQLAlchemy appends a background link)."""
+    inner = getattr(exc, "orig", None) or exc
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
 
 
 def _jsonable(obj):
