@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmfactory.evidence.store import Store, content_hash
-from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.harness.outcome import Verdict
 from swarmfactory.problems import Problem, load_problem
 from swarmfactory.tools import tool_versions
 from swarmfactory.validation import validation_set
+
+if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
+    from swarmfactory.harness.evaluate import HarnessConfig
+    from swarmfactory.harness.outcome import Verdict
 
 
 def candidate_record(problem: Problem, source: str, agent: str, operator: str, *, backend: str = "c",
@@ -32,6 +34,8 @@ def record(store: Store, problem: Problem, cand: dict, verdict: Verdict, run_id:
 def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
              config: HarnessConfig | None = None) -> dict[str, Any]:
     """Verify and measure one kernel; record it; return the verdict with its ids."""
+    from swarmfactory.harness.evaluate import Harness
+
     problem = load_problem(problem) if isinstance(problem, str) else problem
     store = store if isinstance(store, Store) else Store(store)
     harness = Harness(config, store=store)
@@ -50,6 +54,7 @@ def reverify_retained(problem: Problem, store: Store, config: HarnessConfig | No
     """Re-verify every candidate that was once correct on this hardware against today's cases.
     Failures are recorded (purpose ``reverify``); a failing champion is dethroned and the best
     candidate that still passes takes its place."""
+    from swarmfactory.harness.evaluate import Harness
     from swarmfactory.swarm.succession import reverify_and_succeed
 
     cases, vversion = validation_set(problem, store)

@@ -1,9 +1,15 @@
-"""The one command line: problems, eval, run, show, report, cases, verify, engine."""
+"""The one command line: problems, eval, run, show, report, cases, verify, engine.
+
+Start-up stays light: only typer and rich load here; torch, numpy, the harness and the engine
+load inside the commands that use them (``engine`` itself is imported only when invoked).
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -11,13 +17,104 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Rich sizes output to the terminal; off a terminal (pipes, CI logs) it uses $COLUMNS or 80.
+# The tables are laid out for 80 columns; --wide prints every column at its natural width.
+err = Console(stderr=True)
+out = Console()
+
+
+def _dflt(text: str) -> str:
+    # Shown as "[default: ...]" after the help (escaped: the help text is Rich markup). Typer's own
+    # show_default="..." would print "[default: (...)]".
+    return f" \\[default: {text}]"
+
+
+DEFAULT_STORE = ".swarmfactory/evidence.db"  # evidence.store.DEFAULT_PATH (kept light to import)
+STORE_HELP = "evidence store: a SQLite file or a postgresql:// URL"
+STORE_DEFAULT = f"$SWARMFACTORY_STORE, else {DEFAULT_STORE}"
+READ_STORE_HELP = STORE_HELP + "; must already exist" + _dflt(STORE_DEFAULT)
+WRITE_STORE_HELP = STORE_HELP + "; created if missing (not its folder)" + _dflt(STORE_DEFAULT)
+# RunConfig's defaults, shown in --help without importing pydantic (a test keeps them equal).
+RUN_DEFAULTS = {"agents": "default", "parallel": 2, "rounds": 20, "seed": 0, "llm_cost_cap": 5.0,
+                "llm_concurrency": 1, "llm_timeout_s": 180.0, "llm_max_tokens": 1500}
+
+
+def _d(key: str) -> str:
+    value = RUN_DEFAULTS[key]
+    return _dflt(format(value, "g") if isinstance(value, float) else str(value))
+
+
+JSON_HELP = "print one JSON object on stdout instead of tables"
+WIDE_HELP = "every column (eager ratio, roofline, rejected verdicts by kind, ...), at full width"
+DEBUG_HELP = "show the traceback instead of a one-line error"
+ENGINE_HELP = "serve, generate with and benchmark the inference engine"
+# Click's exception types, as the click that typer uses (recent typers vendor their own copy).
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _tidy(params: list, ctx) -> list:
+    """No ``<bool>`` for flags and ``<str>``, not ``<list[str]>``, for repeatable options in --help."""
+    for p in params:
+        if p.metavar is None and (getattr(p, "is_flag", False) or getattr(p, "count", False)):
+            p.metavar = ""
+        elif p.metavar is None and getattr(p, "multiple", False) and hasattr(p, "display_type"):
+            p.metavar = p.display_type(ctx).replace("list[", "").replace("]", "")
+    return params
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):
+        return _tidy(super().get_params(ctx), ctx)
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            _tidy(cmd.get_params(ctx), ctx)
+        return cmd
+
+
+class _LazyGroup(_Group):
+    """A sub-app imported only when it is used: ``engine`` pulls in torch, --help must not."""
+
+    def __init__(self, name: str, target: str, help: str):
+        super().__init__(name=name, help=help, no_args_is_help=True)
+        self._target, self._real = target, None
+
+    def _load(self) -> TyperGroup:
+        if self._real is None:
+            module, attr = self._target.split(":")
+            try:
+                self._real = typer.main.get_command(getattr(importlib.import_module(module), attr))
+            except ImportError as exc:
+                raise UsageError(f"`{self.name}` is unavailable: {exc} (reinstall swarmfactory with its "
+                                 "dependencies)") from exc
+        return self._real
+
+    def list_commands(self, ctx):
+        return self._load().list_commands(ctx)
+
+    def get_command(self, ctx, name):
+        cmd = self._load().get_command(ctx, name)
+        if cmd is not None:
+            _tidy(cmd.get_params(ctx), ctx)
+        return cmd
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="swarmfactory: agent swarms that build, verify and measure inference kernels.")
-# Off a terminal (CI logs, pipes) Rich would wrap tables at 80 columns; give them room.
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-out = Console(width=None if sys.stdout.isatty() else 200)
-STORE_HELP = "evidence store: a SQLite path or a SQLAlchemy URL (postgresql://...)"
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP)):
+    # --debug is read from the whole command line by main(); declaring it here (and on each
+    # command) lets it parse in either place and shows it in --help.
+    pass
+
+
+def _debug_option():
+    return typer.Option(False, "--debug", help=DEBUG_HELP)
 
 
 class UsageError(Exception):
@@ -32,18 +129,44 @@ def _fmt(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def _open_store(store: Optional[str], create: bool):
+    """Reading commands open an existing store only; ``run`` and ``eval`` may create the file."""
+    from swarmfactory.evidence.store import Store
+
+    return Store(store, create=create)
+
+
+def _announce(st) -> None:
+    if st.created:
+        err.print(f"new evidence store: {st.url}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_table(t, wide: bool = False) -> None:
+    if not wide:
+        out.print(t)
+        return
+    from rich.measure import Measurement
+
+    need = Measurement.get(out, out.options.update(width=10_000), t).maximum
+    Console(width=max(out.width, need)).print(t)  # Console.print(width=) cannot exceed the console's
+
+
 @app.command("problems")
-def problems_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout")):
-    """List the bundled problems with their ABI and workload."""
+def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), debug: bool = _debug_option()):
+    """List the bundled problems with their ABI, workload, tolerance and design space."""
+    import itertools
+
     from swarmfactory.problems import list_problems, load_problem
 
     rows = []
     for name in list_problems():
         p = load_problem(name)
+        combos = [dict(zip(p.knobs, c)) for c in itertools.product(*p.knobs.values())] if p.knobs else []
         rows.append({"name": p.name, "version": p.version, "abi": p.c_signature,
                      "workload": [dict(s) for s in p.workload], "tolerance": vars(p.tolerance),
                      "knobs": {k: list(v) for k, v in p.knobs.items()},
-                     "design_space": p.knob_space_size() if p.knobs else 0})
+                     "design_space": sum(1 for k in combos if p.valid_knobs(k)),
+                     "design_space_total": len(combos)})
     if as_json:
         print(json.dumps({"problems": rows}))
         return
@@ -52,33 +175,39 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON ob
         t.add_column(col, overflow="fold")
     for r in rows:
         wl = "; ".join("x".join(str(v) for v in s.values()) for s in r["workload"])
+        space = (f"{r['design_space']} configs" if r["design_space"] == r["design_space_total"]
+                 else f"{r['design_space']} valid of {r['design_space_total']} configs")
         t.add_row(r["name"], r["abi"], wl, f"rtol {r['tolerance']['rtol']:g} atol {r['tolerance']['atol']:g}",
-                  f"{len(r['knobs'])} knobs, {r['design_space']} configs")
+                  f"{len(r['knobs'])} knobs, {space}")
     out.print(t)
 
 
 @app.command("eval")
 def eval_cmd(
-    source: Path = typer.Argument(..., help="the kernel's C source file"),
-    problem: str = typer.Option(..., "--problem", "-p", help="problem name or path to a problem .py"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
-    rounds: int = typer.Option(20, help="interleaved timing rounds per shape (>= 3)"),
+    source: Path = typer.Argument(..., metavar="KERNEL.c", help="the kernel's C source file"),
+    problem: str = typer.Option(..., "--problem", "-p", metavar="NAME|PATH",
+                                help="problem name or path to a problem .py"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    rounds: int = typer.Option(20, metavar="N", help="interleaved timing rounds per shape (>= 3)"),
     compile_baselines: bool = typer.Option(True, help="also time torch.compile'd baselines"),
+    debug: bool = _debug_option(),
 ):
     """Verify and measure one kernel against the problem's baseline; record the verdict."""
-    from swarmfactory.api import evaluate
-    from swarmfactory.harness.evaluate import HarnessConfig
-    from swarmfactory.problems import load_problem
-
     if not source.is_file():
         fail(f"kernel file not found: {source}")
     if rounds < 3:
         fail("--rounds must be at least 3")
+    from swarmfactory.api import evaluate
+    from swarmfactory.harness.evaluate import HarnessConfig
+    from swarmfactory.problems import load_problem
+
     prob = load_problem(problem)
+    st = _open_store(store, create=True)
+    _announce(st)
     text = source.read_text(errors="replace")
     with err.status(f"evaluating {source.name} on {prob.name} (build, verify, measure)..."):
-        res = evaluate(prob, text, store, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines))
+        res = evaluate(prob, text, st, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines))
     if as_json:
         print(json.dumps(res, default=str))
         return
@@ -86,54 +215,75 @@ def eval_cmd(
 
 
 def _print_verdict(res: dict) -> None:
+    from swarmfactory.ui import _table, num, shape_text, speedup_ci
+
     color = {"faster": "green", "not_faster": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)
     if res.get("shapes"):
-        t = Table()
-        for col in ("shape", "baseline us", "reference us", "kernel us", "vs baseline [95% CI]",
-                    "vs reference", "roofline"):
-            t.add_column(col, justify="right")
+        t = _table()
+        for col in ("shape", "base us", "ref us", "kernel us", "speedup [95% CI]", "vs ref", "roofline"):
+            t.add_column(col, justify="right", no_wrap=col in ("shape", "speedup [95% CI]"))
         for s in res["shapes"]:
-            t.add_row("x".join(str(v) for v in s["shape"].values()), _fmt(s["baseline_us"]),
-                      _fmt(s["reference_us"]), _fmt(s["candidate_us"]),
-                      f"{s['speedup']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
-                      f"{_fmt(s['vs_reference'])}x", _fmt(s["roofline_fraction"], ".0%"))
+            t.add_row(shape_text(s["shape"]), num(s["baseline_us"]), num(s["reference_us"]),
+                      num(s["candidate_us"]), speedup_ci(s["speedup"], s["ci_low"], s["ci_high"]),
+                      f"{num(s['vs_reference'])}x", _fmt(s["roofline_fraction"], ".0%"))
         out.print(t)
-        out.print(f"baseline: {res['baseline']}; {res['cases_checked']} validation cases passed")
+        out.print(f"baseline: {res['baseline']} (base); eager reference (ref); "
+                  f"{res['cases_checked']} validation cases passed", markup=False)
     for flag in res.get("flags", []):
         out.print(f"[yellow]flag:[/] {flag}")
 
 
 @app.command("run")
 def run_cmd(
-    problems: Optional[str] = typer.Option(None, "--problems", help="'all' or a comma-separated list of names/paths"),
-    budget: Optional[int] = typer.Option(None, "--budget", help="evaluations (new measurements) in this run"),
-    time_budget: Optional[str] = typer.Option(None, "--time", help="wall-clock budget: 90s, 10m, 1h"),
-    agents: Optional[str] = typer.Option(None, "--agents", help="'default' or a comma-separated list of agents"),
-    resume: Optional[str] = typer.Option(None, "--resume", help="continue an interrupted run by its id"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (flags override it)"),
-    parallel: Optional[int] = typer.Option(None, "--parallel", help="evaluations in flight (default 2)"),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="timing rounds per shape (default 20)"),
+    problems: Optional[str] = typer.Option(None, "--problems", metavar="NAMES",
+                                           help="'all' or a comma-separated list of names/paths" + _dflt("all")),
+    budget: Optional[int] = typer.Option(None, "--budget", metavar="N",
+                                         help="evaluations (new measurements) in this run"
+                                              + _dflt("none: give --budget and/or --time")),
+    time_budget: Optional[str] = typer.Option(None, "--time", metavar="DURATION",
+                                              help="wall-clock budget: 90s, 10m, 1h"),
+    agents: Optional[str] = typer.Option(None, "--agents", metavar="NAMES",
+                                         help="comma-separated: 'default' (seed, knob-*, crossover, model-guided, "
+                                              "random-restart), agent names, adversary, llm" + _d("agents")),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID",
+                                         help="continue an interrupted run by its id"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
+    config: Optional[Path] = typer.Option(None, "--config", metavar="FILE.yaml",
+                                          help="YAML run config (flags override it)"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
+                                           help="evaluations in flight (one measures at a time)" + _d("parallel")),
+    rounds: Optional[int] = typer.Option(None, "--rounds", metavar="N",
+                                         help="interleaved timing rounds per shape (>= 3)" + _d("rounds")),
     compile_baselines: Optional[bool] = typer.Option(None, "--compile-baselines/--no-compile-baselines",
-                                                     help="also time torch.compile'd baselines (default on)"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    llm: list[str] = typer.Option([], "--llm", help="LLM endpoint: local | openai:MODEL | http://HOST:PORT/v1 (repeatable: an ensemble)"),
-    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="model name for a URL endpoint"),
-    llm_cost_cap: Optional[float] = typer.Option(None, "--llm-cost-cap", help="USD per paid endpoint per run (default 5)"),
-    llm_concurrency: Optional[int] = typer.Option(None, "--llm-concurrency", help="requests in flight per endpoint"),
-    llm_timeout: Optional[float] = typer.Option(None, "--llm-timeout", help="seconds per request"),
-    llm_max_tokens: Optional[int] = typer.Option(None, "--llm-max-tokens", help="completion tokens per request"),
-    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+                                                     help="also time torch.compile'd baselines" + _dflt("on")),
+    seed: Optional[int] = typer.Option(None, "--seed", metavar="N",
+                                       help="seed of the agents' random choices and of the budget bandit"
+                                            + _d("seed")),
+    llm: list[str] = typer.Option([], "--llm", metavar="ENDPOINT", show_default=False,
+                                  help="LLM endpoint: local | openai:MODEL | http://HOST:PORT/v1 "
+                                       "(repeatable: an ensemble)"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", metavar="NAME",
+                                            help="model name for a URL endpoint"),
+    llm_cost_cap: Optional[float] = typer.Option(None, "--llm-cost-cap", metavar="USD",
+                                                 help="USD per paid endpoint per run (a hard cap)"
+                                                      + _d("llm_cost_cap")),
+    llm_concurrency: Optional[int] = typer.Option(None, "--llm-concurrency", metavar="N",
+                                                  help="requests in flight per endpoint" + _d("llm_concurrency")),
+    llm_timeout: Optional[float] = typer.Option(None, "--llm-timeout", metavar="SECONDS",
+                                                help="seconds per request" + _d("llm_timeout_s")),
+    llm_max_tokens: Optional[int] = typer.Option(None, "--llm-max-tokens", metavar="N",
+                                                 help="completion tokens per request" + _d("llm_max_tokens")),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
+    debug: bool = _debug_option(),
 ):
-    """Run the swarm on a set of problems until the budget (evaluations or time) is spent."""
+    """Run the swarm on a set of problems until the budget (evaluations or time) is spent.
+
+    Ctrl-C stops it (exit code 130); the run stays resumable with --resume RUN_ID."""
     from swarmfactory.config import ConfigError, RunConfig, parse_duration
-    from swarmfactory.evidence.store import Store
-    from swarmfactory.swarm.coordinator import Coordinator, RunError
-    from swarmfactory.swarm.summary import summarize
-    from swarmfactory.ui import RichProgress
 
     try:
         overrides = {"problems": problems, "budget": budget, "time_s": parse_duration(time_budget),
@@ -146,77 +296,115 @@ def run_cmd(
             cfg = RunConfig.from_yaml(config, **overrides)
         else:
             cfg = RunConfig.build(**{k: v for k, v in overrides.items() if v is not None})
-        if not resume and cfg.budget is None and cfg.time_s is None:
-            fail("give a budget: --budget N evaluations and/or --time 10m")
-        st = Store(store)
-        coord = Coordinator(cfg, st, resume=resume, progress=None if as_json else RichProgress(err))
-    except (ConfigError, RunError, ValueError) as exc:
+    except (ConfigError, ValueError) as exc:
         fail(str(exc))
-    run_id = coord.run()
+    if not resume and cfg.budget is None and cfg.time_s is None:
+        fail("give a budget: --budget N evaluations and/or --time 10m")
+    from swarmfactory.swarm.coordinator import Coordinator, RunError
+    from swarmfactory.swarm.summary import summarize
+    from swarmfactory.ui import RichProgress
+
+    st = _open_store(store, create=not resume)
+    try:
+        coord = Coordinator(cfg, st, resume=resume, progress=None if as_json else RichProgress(err))
+    except BaseException as exc:
+        st.discard_if_created()  # a run that cannot start leaves no empty store behind
+        if isinstance(exc, (ConfigError, RunError, ValueError)):
+            fail(str(exc))
+        raise
+    _announce(st)
+    store_flag = f" --store {shlex.quote(store)}" if store else ""
+    try:
+        run_id = coord.run()
+    except KeyboardInterrupt:
+        if coord.run_id is None:
+            err.print("interrupted before the run started", highlight=False)
+        else:
+            err.print(f"interrupted: run {coord.run_id} is saved; resume it with: "
+                      f"swarmfactory run --resume {coord.run_id}{store_flag}", markup=False, highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130)
     summary = summarize(st, run_id)
     if as_json:
         print(json.dumps(summary, default=str))
         return
-    _print_summary(summary)
-    out.print(f"store: {st.url}   show again: swarmfactory show {run_id}"
-              + (f" --store {store}" if store else ""), markup=False)
+    _print_summary(summary, wide)
+    out.print(f"store: {st.url}   show again: swarmfactory show {run_id}{store_flag}", markup=False,
+              soft_wrap=True)
 
 
 @app.command("show")
 def show_cmd(
-    run_id: Optional[str] = typer.Argument(None, help="a run id (default: the latest run)"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    run_id: Optional[str] = typer.Argument(None, metavar="RUN_ID", help="a run id (default: the latest run)"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
+    debug: bool = _debug_option(),
 ):
     """Champions, speedups with CI, outcome counts and the agent scoreboard of a run."""
-    from swarmfactory.evidence.store import Store
     from swarmfactory.swarm.summary import summarize
 
-    summary = summarize(Store(store), run_id)
+    summary = summarize(_open_store(store, create=False), run_id)
     if as_json:
         print(json.dumps(summary, default=str))
         return
-    _print_summary(summary)
+    _print_summary(summary, wide)
+    if summary["status"] == "interrupted":
+        out.print(f"resume it with: swarmfactory run --resume {summary['run_id']}"
+                  + (f" --store {shlex.quote(store)}" if store else ""), markup=False, soft_wrap=True)
 
 
-def _print_summary(summary: dict) -> None:
-    from swarmfactory.ui import agent_table, llm_table, result_table
+def _print_summary(summary: dict, wide: bool = False) -> None:
+    from swarmfactory.ui import agent_table, llm_table, result_tables
 
-    out.print(result_table(summary))
-    out.print(agent_table(summary))
-    if llm_table(summary):
-        out.print(llm_table(summary))
+    tables = [*result_tables(summary, wide), agent_table(summary, wide), llm_table(summary, wide)]
+    for k, t in enumerate(t for t in tables if t is not None):
+        if k:
+            out.line()
+        _print_table(t, wide)
 
 
 @app.command("report")
 def report_cmd(
-    run_id: Optional[str] = typer.Argument(None, help="a run id (default: the latest run)"),
-    output: Path = typer.Option(Path("report.html"), "-o", "--output"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    run_id: Optional[str] = typer.Argument(None, metavar="RUN_ID", help="a run id (default: the latest run)"),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE.html",
+                                help="where to write the report"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    debug: bool = _debug_option(),
 ):
     """Write one self-contained HTML report of a run."""
-    from swarmfactory.evidence.store import Store
+    if output.is_dir():
+        fail(f"--output {output} is a folder: give a file name, e.g. {output / 'report.html'}")
+    if not output.parent.is_dir():
+        fail(f"--output folder {output.parent} does not exist: create it or choose another path")
     from swarmfactory.report.html import write_report
 
-    path = write_report(Store(store), run_id, output)
-    out.print(f"wrote {path}")
+    path = write_report(_open_store(store, create=False), run_id, output)
+    out.print(f"wrote {path}", markup=False)
 
 
 @app.command("cases")
 def cases_cmd(
-    problem: str = typer.Argument(..., help="problem name or path"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    problem: str = typer.Argument(..., metavar="PROBLEM", help="problem name or path"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL",
+                                        help=f"{STORE_HELP}; without one, the seed cases only{_dflt(STORE_DEFAULT)}"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    debug: bool = _debug_option(),
 ):
     """The validation set of a problem: seed cases and found cases, with provenance."""
-    from swarmfactory.evidence.store import Store
+    from swarmfactory.evidence.store import StoreError
     from swarmfactory.problems import load_problem
     from swarmfactory.validation import validation_set
 
     prob = load_problem(problem)
-    st = Store(store)
+    try:
+        st = _open_store(store, create=False)
+    except StoreError:
+        if store or os.environ.get("SWARMFACTORY_STORE"):
+            raise  # a store was named: a typo must not pass for an empty one
+        st = None  # no default store yet: the bundled seed cases are the whole validation set
     cases, version = validation_set(prob, st)
-    found = {r["case_key"]: r for r in st.found_cases(prob.name)}
+    found = {r["case_key"]: r for r in st.found_cases(prob.name)} if st else {}
     rows = [{"shape": dict(c.shape), "seed": c.seed, "dist": c.dist, "origin": c.origin,
              "broke": found.get(c.key(), {}).get("broke_candidate"),
              "note": found.get(c.key(), {}).get("note"),
@@ -229,24 +417,26 @@ def cases_cmd(
         t.add_column(col)
     for r in rows:
         t.add_row(prob.shape_label(r["shape"]), str(r["seed"]), r["dist"], r["origin"], r["broke"] or "",
-                  r["found_at"] or "")
+                  (r["found_at"] or "")[:16])
     out.print(t)
 
 
 @app.command("verify")
 def verify_cmd(
-    problem: str = typer.Option(..., "--problem", "-p", help="problem name or path"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    problem: str = typer.Option(..., "--problem", "-p", metavar="NAME|PATH", help="problem name or path"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    debug: bool = _debug_option(),
 ):
     """Re-verify every retained (once correct) candidate against today's validation set."""
-    from swarmfactory.api import reverify_retained
-    from swarmfactory.evidence.store import Store
     from swarmfactory.problems import load_problem
 
     prob = load_problem(problem)
+    st = _open_store(store, create=False)
+    from swarmfactory.api import reverify_retained
+
     with err.status(f"re-verifying retained {prob.name} candidates..."):
-        res = reverify_retained(prob, Store(store))
+        res = reverify_retained(prob, st)
     if as_json:
         print(json.dumps(res, default=str))
         return
@@ -262,43 +452,51 @@ def verify_cmd(
         out.print(res["champion_change"], markup=False)
 
 
-def _mount_optional() -> None:
+def _command() -> TyperGroup:
+    cmd = typer.main.get_command(app)
+    cmd.add_command(_LazyGroup("engine", "swarmfactory.engine.cli:app", ENGINE_HELP), "engine")
+    return cmd
+
+
+def _user_errors() -> tuple:
+    """Error types that mean bad input: one line, exit 2. Looked up only in modules already
+    imported (an error of a module that never loaded cannot have been raised)."""
+    names = {"swarmfactory.problems": "ProblemError", "swarmfactory.evidence.store": "StoreError",
+             "swarmfactory.config": "ConfigError"}
+    return (UsageError, *(getattr(sys.modules[m], n) for m, n in names.items() if m in sys.modules))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``swarmfactory`` entry point: 0 on success, 2 for bad input, 130 on Ctrl-C."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in args or bool(os.environ.get("SWARMFACTORY_DEBUG"))
     try:
-        from swarmfactory.engine.cli import app as engine_app
-    except ImportError:
-        return
-    app.add_typer(engine_app, name="engine", help="serve, generate with and benchmark the inference engine")
-
-
-def main() -> None:
-    from swarmfactory.evidence.store import StoreError
-    from swarmfactory.problems import ProblemError
-
-    debug = "--debug" in sys.argv
-    if debug:
-        sys.argv.remove("--debug")
-    _mount_optional()
-    try:
-        app(standalone_mode=False)
-    except (UsageError, ProblemError, StoreError) as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        rc = _command().main(args=args, prog_name="swarmfactory", standalone_mode=False)
+    except _ClickException as exc:  # usage errors: bad option, missing argument, bad value
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(2)  # the help was printed
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        err.print(f"error: {exc.format_message()}{hint}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("aborted")
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("interrupted", highlight=False)
         sys.exit(130)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors and the unexpected
-        if hasattr(exc, "format_message"):  # click's (or typer's vendored click's) usage errors
-            err.print(f"error: {exc.format_message()}", markup=False, highlight=False)
-            sys.exit(2)
-        if debug or os.environ.get("SWARMFACTORY_DEBUG"):
-            raise
-        err.print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", markup=False)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (| head): nothing left to say
         sys.exit(1)
+    except Exception as exc:
+        if isinstance(exc, _user_errors()) and not debug:
+            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(2)
+        if debug:
+            raise
+        err.print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", markup=False,
+                  highlight=False, soft_wrap=True)
+        sys.exit(1)
+    # With standalone_mode=False, click returns an Exit's code (typer.Exit(2) from a command,
+    # 130 for a Ctrl-C it caught) instead of exiting: pass it on.
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

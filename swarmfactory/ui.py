@@ -7,11 +7,38 @@ import time
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich import box
 from rich.table import Table
 
 
 def _f(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
+
+
+def num(x, none: str = "-") -> str:
+    """Three significant figures, fixed point: 0.92, 15.6, 162, 1235 (timings and ratios)."""
+    if x is None:
+        return none
+    a = abs(x)
+    return format(x, ".2f" if a < 10 else ".1f" if a < 100 else ".0f")
+
+
+def speedup_ci(s, lo, hi) -> str:
+    """``15.6x [10.4, 19.2]``: the median speedup and its 95% CI, on one line."""
+    if s is None:
+        return "-"
+    return f"{num(s)}x [{num(lo)}, {num(hi)}]"
+
+
+def shape_text(shape) -> str:
+    """A shape as ``128x576`` (its dimensions in the problem's order), not a dict."""
+    return "x".join(str(v) for v in shape.values()) if isinstance(shape, dict) else str(shape)
+
+
+def _table(title: str | None = None, caption: str | None = None) -> Table:
+    # No vertical rules: two spaces between columns is what keeps the tables within 80 columns.
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                 padding=(0, 0, 0, 1), title_justify="left", caption_justify="left")
 
 
 class RichProgress:
@@ -57,51 +84,104 @@ class RichProgress:
         if self.live:
             self.live.stop()
             self.live = None
+            if not self.console.is_terminal:
+                self.console.line()  # off a terminal Live leaves its last line open
 
 
-def result_table(summary: dict) -> Table:
-    t = Table(title=f"run {summary['run_id']} ({summary['status']}): {summary['evaluations']} evaluations")
-    for col in ("problem", "shape", "baseline us", "champion us", "vs baseline [95% CI]", "vs eager ref",
-                "roofline", "evals", "rejected", "champion by"):
-        t.add_column(col, justify="right" if col not in ("problem", "rejected", "champion by") else "left")
+REJECTED = ("build_failed", "wrong", "cheated", "crashed", "timed_out")
+
+
+def result_tables(summary: dict, wide: bool = False) -> list[Table]:
+    """The champion of each problem (geometric mean over its workload), then its timings per shape.
+
+    The default columns fit 80 columns with the longest bundled names; ``wide`` adds the eager
+    reference ratio, the roofline fraction, rejected verdicts by kind and the generation."""
+    champs = _table(f"run {summary['run_id']} ({summary['status']}): {summary['evaluations']} evaluations")
+    champs.add_column("problem", no_wrap=True)
+    champs.add_column("speedup [95% CI]", justify="right", no_wrap=True)
+    if wide:
+        champs.add_column("vs eager", justify="right")
+        champs.add_column("roofline", justify="right")
+    champs.add_column("evals", justify="right")
+    champs.add_column("rejected", justify="left" if wide else "right")
+    champs.add_column("champion by", overflow="fold")
+    if wide:
+        champs.add_column("gen", justify="right")
+        champs.add_column("candidate", no_wrap=True)
+    shapes = _table("champion per shape (us: microseconds per call)")
+    shapes.add_column("problem", no_wrap=True)
+    shapes.add_column("shape", no_wrap=True)
+    shapes.add_column("base us", justify="right")
+    if wide:
+        shapes.add_column("ref us", justify="right")
+    shapes.add_column("best us", justify="right")
+    shapes.add_column("speedup [95% CI]", justify="right", no_wrap=True)
+    if wide:
+        shapes.add_column("vs eager", justify="right")
+    shapes.add_column("roofline", justify="right")
     for p in summary["problems"]:
         c = p["champion"]
-        rejected = ", ".join(f"{k} {v}" for k, v in sorted(p["rejected"].items())) or "-"
-        if not c:
-            t.add_row(p["problem"], "-", "-", "-", "no champion", "-", "-", str(p["evaluations"]), rejected, "-")
-            continue
-        by = f"{c['agent']} (gen {c['generation']})"
-        t.add_row(p["problem"], "all (geomean)", "", "",
-                  f"[bold]{_f(c['speedup'])}x[/] [{_f(c['ci_low'])}, {_f(c['ci_high'])}]",
-                  f"{_f(c['vs_reference'])}x", _f(c["roofline_fraction"], ".0%"), str(p["evaluations"]),
-                  rejected, by)
-        for s in c["shapes"]:
-            t.add_row("", "x".join(str(v) for v in s["shape"].values()), _f(s["baseline_us"]),
-                      _f(s["candidate_us"]), f"{_f(s['speedup'])}x [{_f(s['ci_low'])}, {_f(s['ci_high'])}]",
-                      f"{_f(s['vs_reference'])}x", _f(s["roofline_fraction"], ".0%"), "", "", "")
-    return t
+        rej = (", ".join(f"{k} {v}" for k, v in sorted(p["rejected"].items())) or "-") if wide \
+            else str(sum(p["rejected"].values()))
+        row = [p["problem"], speedup_ci(c["speedup"], c["ci_low"], c["ci_high"]) if c else "no champion"]
+        if wide:
+            row += [_x(c and c["vs_reference"]), _f(c and c["roofline_fraction"], ".0%")]
+        row += [str(p["evaluations"]), rej, c["agent"] if c else "-"]
+        if wide:
+            row += [str(c["generation"]) if c else "", c["candidate_id"] if c else ""]
+        champs.add_row(*row)
+        for k, s in enumerate(c["shapes"] if c else []):
+            row = [p["problem"] if k == 0 else "", shape_text(s["shape"]), num(s["baseline_us"])]
+            if wide:
+                row.append(num(s["reference_us"]))
+            row += [num(s["candidate_us"]), speedup_ci(s["speedup"], s["ci_low"], s["ci_high"])]
+            if wide:
+                row.append(_x(s["vs_reference"]))
+            row.append(_f(s["roofline_fraction"], ".0%"))
+            shapes.add_row(*row)
+    return [champs, shapes] if shapes.row_count else [champs]
 
 
-def agent_table(summary: dict) -> Table:
-    t = Table(title="agents")
-    for col in ("agent", "proposals", "correct", "faster", "champions", "build_failed", "wrong", "cheated",
-                "crashed", "timed_out"):
-        t.add_column(col, justify="right" if col != "agent" else "left")
+def _x(ratio) -> str:
+    return f"{num(ratio)}x" if ratio else "-"
+
+
+def agent_table(summary: dict, wide: bool = False) -> Table:
+    """Proposals and verdicts per agent; ``wide`` splits the rejected ones by kind."""
+    t = _table("agents")
+    t.add_column("agent", overflow="fold")
+    cols = ["proposals", "correct", "faster", "champions"] + (list(REJECTED) if wide else ["rejected"])
+    for col in cols:
+        t.add_column(col.replace("_", " "), justify="right")
     for a in summary["agents"]:
-        t.add_row(a["agent"], *(str(a.get(k, 0)) for k in ("proposals", "correct", "faster", "champions",
-                                                           "build_failed", "wrong", "cheated", "crashed",
-                                                           "timed_out")))
+        vals = [a.get(k, 0) for k in cols[:4]]
+        vals += [a.get(k, 0) for k in REJECTED] if wide else [sum(a.get(k, 0) for k in REJECTED)]
+        t.add_row(a["agent"], *(str(v) for v in vals))
     return t
 
 
-def llm_table(summary: dict) -> Table | None:
+LLM_COLS = ("agent", "model", "calls", "ok", "parse_error", "apply_error", "empty", "timeout", "candidates",
+            "correct", "faster", "champions", "prompt_tokens", "completion_tokens", "cost_usd", "seconds")
+
+
+def llm_table(summary: dict, wide: bool = False) -> Table | None:
+    """What each LLM endpoint was asked, answered and cost; ``wide`` shows every counter."""
     if not summary.get("llm"):
         return None
-    t = Table(title="LLM endpoints")
-    cols = ("agent", "model", "calls", "ok", "parse_error", "apply_error", "empty", "timeout", "candidates",
-            "correct", "faster", "champions", "prompt_tokens", "completion_tokens", "cost_usd", "seconds")
-    for col in cols:
-        t.add_column(col.replace("_", " "), justify="left" if col in ("agent", "model") else "right")
+    t = _table("LLM endpoints")
+    if wide:
+        for col in LLM_COLS:
+            t.add_column(col.replace("_", " "), justify="left" if col in ("agent", "model") else "right",
+                         overflow="fold")
+        for r in summary["llm"]:
+            t.add_row(*(str(r.get(k, 0)) for k in LLM_COLS))
+        return t
+    t.add_column("agent", overflow="fold")
+    for col in ("calls", "ok", "failed", "in tok", "out tok", "cost $", "time s"):
+        t.add_column(col, justify="right")
     for r in summary["llm"]:
-        t.add_row(*(str(r.get(k, 0)) for k in cols))
+        failed = r.get("calls", 0) - r.get("ok", 0)
+        t.add_row(r["agent"], str(r.get("calls", 0)), str(r.get("ok", 0)), str(failed),
+                  str(r.get("prompt_tokens", 0)), str(r.get("completion_tokens", 0)),
+                  f"{r.get('cost_usd', 0):.2f}", f"{r.get('seconds', 0):.0f}")
     return t

@@ -9,7 +9,8 @@ ADV = Path(__file__).parent / "adversarial" / "rmsnorm"
 
 
 def sf(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "swarmfactory.cli", *args], capture_output=True,
+    """The installed ``swarmfactory`` entry point, as a user runs it."""
+    return subprocess.run([str(Path(sys.executable).with_name("swarmfactory")), *args], capture_output=True,
                           text=True, timeout=timeout)
 
 
