@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 from swarmfactory.evidence.store import Store
@@ -22,36 +23,107 @@ def _f(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def curve_svg(points: list, width: int = 640, height: int = 220) -> str:
-    """Best speedup so far against evaluation number, as an inline SVG step line."""
-    pts = [(i, s) for i, s in points if s is not None]
-    if not pts:
-        return '<p class="muted">no faster candidate in this run</p>'
-    n = max(i for i, _ in points)
-    top = max(max(s for _, s in pts), 1.0) * 1.1
-    pad = 40
+def _nice_step(span: float, target: int) -> float:
+    """A 1/2/2.5/5 x 10^k step that cuts ``span`` into about ``target`` intervals."""
+    raw = max(span, 1e-9) / target
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
 
-    def xy(i, s):
-        return pad + (width - 2 * pad) * (i - 1) / max(n - 1, 1), height - pad - (height - 2 * pad) * s / top
 
-    path = []
-    for k, (i, s) in enumerate(pts):
-        x, y = xy(i, s)
-        if k:
-            path.append(f"L{x:.1f},{path_y:.1f}")
-        path.append(f"{'M' if not k else 'L'}{x:.1f},{y:.1f}")
-        path_y = y
-    x_end, _ = xy(n, pts[-1][1])
-    path.append(f"L{x_end:.1f},{path_y:.1f}")
-    _, y1 = xy(1, 1.0)
-    return (f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
-            f'<line x1="{pad}" y1="{y1:.1f}" x2="{width - pad}" y2="{y1:.1f}" stroke="#bbb" stroke-dasharray="4"/>'
-            f'<text x="{width - pad + 3}" y="{y1 + 4:.1f}" font-size="11">1x</text>'
-            f'<path d="{" ".join(path)}" fill="none" stroke="#1f6feb" stroke-width="2"/>'
-            f'<text x="{pad}" y="{height - 8}" font-size="11">evaluation 1</text>'
-            f'<text x="{width - pad - 60}" y="{height - 8}" font-size="11">evaluation {n}</text>'
-            f'<text x="4" y="{pad - 10}" font-size="11">best speedup over the baseline (max {top / 1.1:.2f}x)</text>'
-            "</svg>")
+def curve_svg(points: list, start: float | None = None, final: dict | None = None,
+              width: int = 680, height: int = 280) -> str:
+    """Best speedup so far against evaluation number (1..n), as an inline SVG step line.
+
+    The line starts at evaluation 1 from ``start`` (the champion the run started from) or from
+    the baseline (1x) and rises at each faster candidate, as measured during the search.
+    ``final`` (``speedup``, ``ci_low``, ``ci_high``, ``label``) marks the champion's announced
+    figure after the last evaluation, with its CI, so a re-measured figure is told apart."""
+    n = len(points)
+    if n == 0:
+        return '<p class="muted">no evaluations in this run</p>'
+    level = start if start else 1.0
+    steps = []  # (evaluation, best so far)
+    for i, s in points:
+        level = max(level, s) if s is not None else level
+        steps.append((i, level))
+    tops = [v for _, v in steps] + [1.0]
+    if final and final.get("speedup") is not None:
+        tops += [final["speedup"], final.get("ci_high") or final["speedup"]]
+    ystep = _nice_step(max(tops), 5)
+    ytop = ystep * math.ceil(max(tops) * 1.04 / ystep)
+    left, right, top, bottom = 60, 178 if final else 24, 14, 46
+    pw, ph = width - left - right, height - top - bottom
+    xmax = max(n, 2)
+
+    def X(i: float) -> float:
+        return left + pw * (i - 1) / (xmax - 1)
+
+    def Y(v: float) -> float:
+        return top + ph * (1 - v / ytop)
+
+    el = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+          f'style="max-width:100%;height:auto" xmlns="http://www.w3.org/2000/svg" font-size="13" '
+          f'font-family="system-ui,sans-serif">']
+    k = 0
+    while k * ystep <= ytop + 1e-9:  # y grid, ticks and values
+        v = k * ystep
+        el.append(f'<line x1="{left}" y1="{Y(v):.1f}" x2="{left + pw}" y2="{Y(v):.1f}" stroke="#e4e4e4"/>'
+                  f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:g}x</text>')
+        k += 1
+    xstep = next(m * 10 ** e for e in range(12) for m in (1, 2, 5) if m * 10 ** e >= (n - 1) / 6)
+    xticks = [1] + [t for t in range(xstep, n + 1, xstep) if t - 1 >= xstep / 2]
+    if n - xticks[-1] >= xstep / 2:
+        xticks.append(n)  # the last evaluation, unless a tick already stands near it
+    for t in xticks:  # x ticks
+        el.append(f'<line x1="{X(t):.1f}" y1="{top + ph}" x2="{X(t):.1f}" y2="{top + ph + 5}" stroke="#444"/>'
+                  f'<text x="{X(t):.1f}" y="{top + ph + 20}" text-anchor="middle">{t}</text>')
+    el.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#444"/>'
+              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#444"/>')
+    el.append(f'<line x1="{left}" y1="{Y(1):.1f}" x2="{left + pw}" y2="{Y(1):.1f}" stroke="#888" '
+              f'stroke-dasharray="5 4"/><text x="{left + pw - 4}" y="{Y(1) + 16:.1f}" text-anchor="end" '
+              f'fill="#666">baseline</text>')
+    path, prev = [], None
+    for i, v in steps:
+        if prev is None:
+            path.append(f"M{X(i):.1f},{Y(v):.1f}")
+        else:
+            path.append(f"L{X(i):.1f},{Y(prev):.1f}L{X(i):.1f},{Y(v):.1f}")
+        prev = v
+    if n == 1:
+        path.append(f"L{X(2):.1f},{Y(prev):.1f}")
+    el.append(f'<path d="{"".join(path)}" fill="none" stroke="#1f6feb" stroke-width="2.5"/>')
+    if final and final.get("speedup") is not None:
+        x, lo, hi = left + pw + 14, final.get("ci_low"), final.get("ci_high")
+        if lo is not None and hi is not None:
+            el.append(f'<line x1="{x}" y1="{Y(lo):.1f}" x2="{x}" y2="{Y(hi):.1f}" stroke="#d1242f" stroke-width="2"/>')
+        el.append(f'<circle cx="{x}" cy="{Y(final["speedup"]):.1f}" r="4.5" fill="#d1242f"/>'
+                  f'<text x="{x + 9}" y="{Y(final["speedup"]) - 3:.1f}" fill="#d1242f">{final["speedup"]:.2f}x</text>'
+                  f'<text x="{x + 9}" y="{Y(final["speedup"]) + 13:.1f}" fill="#d1242f" font-size="12">'
+                  f'{_e(final.get("label", "champion"))}</text>')
+    el.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" text-anchor="middle">evaluation (this run)</text>'
+              f'<text transform="translate(16,{top + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
+              f'best speedup so far</text></svg>')
+    return "".join(el)
+
+
+def _shape(shape) -> str:
+    return "x".join(str(v) for v in shape.values()) if isinstance(shape, dict) else str(shape)
+
+
+def _chart_title(p: dict, final: dict | None) -> str:
+    """What the chart shows, in the same figures as the champion sentence below it."""
+    peak = max((v for _, v in p["best_curve"] if v is not None), default=None)
+    search = (f"peak {peak:.2f}x as measured during the search" if peak is not None
+              else "no faster candidate found in this run")
+    start = p["started_from"]
+    origin = (f"from the earlier champion's {start['speedup']:.2f}x" if start and start.get("speedup")
+              else "from the baseline (1x)")
+    text = f"<b>best speedup over the baseline by evaluation</b>: starts {origin}; {search} (blue line)"
+    if final:
+        what = "re-measured at the end of the run" if final["remeasured"] else "as announced"
+        text += (f"; champion {final['speedup']:.2f}x [{_f(final['ci_low'])}, {_f(final['ci_high'])}], "
+                 f"{what} (red, with its 95% CI)")
+    return f'<p class="chart">{text}</p>'
 
 
 def lineage(store: Store, candidate_id: str, limit: int = 30) -> list[dict]:
@@ -100,20 +172,33 @@ def render(store: Store, run_id: str | None = None) -> str:
         if p["started_from"]:
             parts.append(f"<p>started from the champion of an earlier run: {_e(p['started_from']['candidate_id'])} "
                          f"({_f(p['started_from']['speedup'])}x)</p>")
-        parts.append(curve_svg(p["best_curve"]))
         c = p["champion"]
+        final = None
+        if c and c["speedup"] is not None:
+            remeasured = str(c["reason"]).startswith("re-measured")
+            final = {"speedup": c["speedup"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
+                     "remeasured": remeasured, "label": "champion, re-measured" if remeasured else "champion"}
+        parts.append(_chart_title(p, final))
+        parts.append(curve_svg(p["best_curve"], (p["started_from"] or {}).get("speedup"), final))
         if not c:
             parts.append("<p>no champion</p>")
             continue
+        when = ""
+        if final and final["remeasured"]:
+            searched = [e["speedup"] for e in store.evaluations(candidate_id=c["candidate_id"], run_id=s["run_id"])
+                        if e["purpose"] == "search" and e["speedup"] is not None]
+            when = " (re-measured at the end of the run" + (
+                f"; {searched[-1]:.2f}x when the search measured it)" if searched else ")")
         parts.append(f"<p><b>champion</b> {_e(c['candidate_id'])} by {_e(c['agent'])}/{_e(c['operator'])}: "
-                     f"{_f(c['speedup'])}x [{_f(c['ci_low'])}, {_f(c['ci_high'])}] over {_e(c['baseline'])}; "
+                     f"{_f(c['speedup'])}x [{_f(c['ci_low'])}, {_f(c['ci_high'])}]{when} over {_e(c['baseline'])}; "
                      f"{_f(c['vs_reference'])}x the eager reference; roofline {_f(c['roofline_fraction'], '.0%')}</p>")
         parts.append("<table><tr><th>shape</th><th>baseline us</th><th>reference us</th><th>champion us</th>"
                      "<th>speedup [95% CI]</th><th>roofline</th></tr>")
         for sh in c["shapes"]:
-            parts.append(f"<tr><td>{_e(sh['shape'])}</td><td>{_f(sh['baseline_us'])}</td><td>{_f(sh['reference_us'])}</td>"
-                         f"<td>{_f(sh['candidate_us'])}</td><td>{_f(sh['speedup'])}x [{_f(sh['ci_low'])}, "
-                         f"{_f(sh['ci_high'])}]</td><td>{_f(sh['roofline_fraction'], '.0%')}</td></tr>")
+            parts.append(f"<tr><td>{_e(_shape(sh['shape']))}</td><td>{_f(sh['baseline_us'])}</td>"
+                         f"<td>{_f(sh['reference_us'])}</td><td>{_f(sh['candidate_us'])}</td>"
+                         f"<td>{_f(sh['speedup'])}x [{_f(sh['ci_low'])}, {_f(sh['ci_high'])}]</td>"
+                         f"<td>{_f(sh['roofline_fraction'], '.0%')}</td></tr>")
         parts.append("</table><h3>lineage</h3><table><tr><th>candidate</th><th>agent</th><th>operator</th>"
                      "<th>gen</th><th>best speedup</th><th>knobs</th><th>parents</th></tr>")
         for anc in lineage(store, c["candidate_id"]):
