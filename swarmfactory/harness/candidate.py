@@ -46,6 +46,7 @@ ST_OK, ST_BAD_COMMAND, ST_LOAD_FAILED, ST_NO_SYMBOL, ST_READY, ST_BAD_SLOT = ran
 EXIT_FORBIDDEN = 159
 UNBOUNDED = (1 << 64) - 1
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 DRIVER_SOURCE = Path(__file__).with_name("driver.c")
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL")
 _SYSCALL_NAMES = """read write open close stat fstat lstat poll lseek mmap mprotect munmap brk
@@ -143,11 +144,14 @@ def _preexec(cpus: list[int], mem_bytes: int, cpu_seconds: int, isolate_net: boo
             os.sched_setaffinity(0, cpus)
         except OSError:
             pass
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a stopped driver dies with its parent thread
         if isolate_net:
-            import ctypes
 
             try:
-                ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
+                libc.unshare(CLONE_NEWNET)
             except (OSError, AttributeError):
                 pass  # not permitted here: the system-call allow-list forbids sockets anyway
     return apply

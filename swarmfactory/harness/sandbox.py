@@ -9,6 +9,7 @@ contender is timed it is frozen (SIGSTOP), so its idle threads cannot spin on th
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import resource
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 
 from swarmfactory.harness import protocol
@@ -29,6 +31,14 @@ ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_
 CLONE_NEWNET = 0x40000000
 _LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def kill_all() -> None:
@@ -51,6 +61,9 @@ def worker_env(tmpdir: str) -> dict[str, str]:
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     env.update(HOME=tmpdir, TMPDIR=tmpdir, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
     return env
+
+
+atexit.register(lambda: kill_all())  # a frozen worker must not outlive the process that froze it
 
 
 def _limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool, fsize: int):
@@ -108,6 +121,9 @@ class Worker:
         if not self.frozen and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGSTOP)
             self.frozen = True
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and _state(self.proc.pid) not in ("T", "Z", "X", ""):
+                time.sleep(20e-6)  # the stop lands within microseconds; wait for it
 
     def thaw(self) -> None:
         if self.frozen:

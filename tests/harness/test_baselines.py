@@ -1,0 +1,47 @@
+"""Baselines run as a user runs them: default environment, their best thread count, frozen
+while another contender is timed."""
+
+import os
+from pathlib import Path
+
+from swarmfactory.harness.baselines import BaselinePool, thread_counts
+from swarmfactory.harness.sandbox import Worker, worker_env
+from swarmfactory.problems import load_problem
+
+
+def test_the_trusted_environment_sets_no_openmp_policy_or_thread_count(monkeypatch, tmp_path):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # even if the coordinator has one
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    env = worker_env(str(tmp_path))
+    assert "OMP_WAIT_POLICY" not in env and "OMP_NUM_THREADS" not in env
+    assert "OPENAI_API_KEY" not in env
+
+
+def test_thread_counts_cover_one_powers_of_two_and_all():
+    assert thread_counts(1) == [1]
+    assert thread_counts(2) == [1, 2]
+    assert thread_counts(6) == [1, 2, 4, 6]
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_frozen_worker_is_stopped_and_a_request_thaws_it():
+    with Worker(trusted=True) as w:
+        w.freeze()
+        assert _state(w.proc.pid) == "T"
+        w.thaw()
+        assert _state(w.proc.pid) != "T"
+
+
+def test_the_chosen_baseline_records_its_settings():
+    p = load_problem("rmsnorm")
+    pool = BaselinePool(sorted(os.sched_getaffinity(0)))
+    try:
+        record = pool.choose(p, p.workload[0], compile_too=False, samples=2)
+    finally:
+        pool.close()
+    assert record["threads"] in thread_counts(len(os.sched_getaffinity(0)))
+    assert "default" in record["environment"]
+    assert {r["threads"] for r in record["all"]} == set(thread_counts(len(os.sched_getaffinity(0))))
