@@ -1,7 +1,9 @@
-"""How many planted bugs the seed cases catch, and how many more the adversary agent finds.
+"""How many wrong kernels the seed cases catch, and how many more the adversary agent finds.
 
 Every kernel in tests/planted/<problem>/*.c is wrong on some shapes or value distributions; its
-header says how (``/* planted: <kind> -- description */``). For each one this script checks
+header says how (``/* planted: <kind> -- description */``). These were written next to the
+hunter; tests/hostile/<problem>/*.c (``--dir tests/hostile``) were written independently of it
+and of the seed validation set (``/* expect: wrong — description */``). For each one this script checks
 whether the problem's bundled seed cases alone reject it (static checks, build, verification;
 nothing is timed), and if they do not, lets ``AdversaryAgent`` hunt for a breaking case: up to
 ``--turns`` turns of ``--cases`` new cases each, stopping at the first turn that finds one.
@@ -13,7 +15,7 @@ A found case is also run against the problem's default template kernel: a case t
 template too is suspect (the case, not the planted bug, is what is wrong); it is listed after the
 table and does not count as catching the bug.
 
-    .venv/bin/python benchmarks/adversary.py [--turns 5] [--cases 24] [--seed 1] [--json out.json]
+    .venv/bin/python benchmarks/adversary.py [--dir tests/hostile] [--turns 5] [--cases 24] [--seed 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ PLANTED = Path(__file__).resolve().parents[1] / "tests" / "planted"
 
 
 def planted_kind(source: str) -> str:
-    m = re.search(r"planted:\s*(.+?)\s+--", source)
-    return m.group(1) if m else "?"
+    m = re.search(r"planted:\s*(.+?)\s+--", source) or re.search(r"expect:\s*\w+\s*[-\u2014]+\s*([^.;:\n*]{1,60})", source)
+    return m.group(1).strip() if m else "?"
 
 
 def hunt(harness: Harness, problem, name: str, source: str, turns: int, cases: int, seed: int) -> dict:
@@ -75,11 +77,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=24, help="cases per turn (default 24)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the adversary's random choices")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this path")
+    ap.add_argument("--dir", default=str(PLANTED), help="folder of <problem>/*.c wrong kernels "
+                    "(default tests/planted; tests/hostile holds independently written ones)")
     args = ap.parse_args(argv)
     console = Console(width=220)
-    kernels = sorted(PLANTED.glob("*/*.c"))
+    kernels = sorted(Path(args.dir).glob("*/*.c"))
     if not kernels:
-        console.print(f"no planted kernels under {PLANTED}")
+        console.print(f"no kernels under {args.dir}")
         return 1
     harness = Harness(HarnessConfig(compile_baselines=False))
     rows = []
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
     finally:
         harness.close()
 
-    t = Table(title=f"planted bugs: seed cases vs seed + adversary ({args.turns} turns x {args.cases} cases, seed {args.seed})")
+    t = Table(title=f"wrong kernels in {args.dir}: seed cases vs seed + adversary ({args.turns} turns x {args.cases} cases, seed {args.seed})")
     for col in ("problem", "kernel", "planted kind", "caught by seeds", "caught by seeds+adversary",
                 "cases run until caught", "first breaking case", "suspect findings", "s"):
         t.add_column(col, justify="right" if col in ("cases run until caught", "s") else "left")
