@@ -215,22 +215,23 @@ def eval_cmd(
 
 
 def _print_verdict(res: dict) -> None:
-    from swarmfactory.ui import _table, num, shape_text, speedup_ci
+    from swarmfactory.ui import compact_table, num, shape_text, speedup_ci
 
     color = {"faster": "green", "not_faster": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)
     if res.get("shapes"):
-        t = _table()
+        t = compact_table()
         for col in ("shape", "base us", "ref us", "kernel us", "speedup [95% CI]", "vs ref", "roofline"):
-            t.add_column(col, justify="right", no_wrap=col in ("shape", "speedup [95% CI]"))
+            t.add_column(col, justify="left" if col == "shape" else "right",
+                         no_wrap=col in ("shape", "speedup [95% CI]"))
         for s in res["shapes"]:
             t.add_row(shape_text(s["shape"]), num(s["baseline_us"]), num(s["reference_us"]),
                       num(s["candidate_us"]), speedup_ci(s["speedup"], s["ci_low"], s["ci_high"]),
                       f"{num(s['vs_reference'])}x", _fmt(s["roofline_fraction"], ".0%"))
         out.print(t)
-        out.print(f"baseline: {res['baseline']} (base); eager reference (ref); "
+        out.print(f"base: the fastest baseline, {res['baseline']}; ref: the eager reference; "
                   f"{res['cases_checked']} validation cases passed", markup=False)
     for flag in res.get("flags", []):
         out.print(f"[yellow]flag:[/] {flag}")

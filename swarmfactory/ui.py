@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich import box
 from rich.table import Table
 
 
@@ -35,10 +35,11 @@ def shape_text(shape) -> str:
     return "x".join(str(v) for v in shape.values()) if isinstance(shape, dict) else str(shape)
 
 
-def _table(title: str | None = None, caption: str | None = None) -> Table:
-    # No vertical rules: two spaces between columns is what keeps the tables within 80 columns.
-    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                 padding=(0, 0, 0, 1), title_justify="left", caption_justify="left")
+def compact_table(title: str | None = None) -> Table:
+    """A table with a rule under the header and two spaces between columns, no borders: what
+    keeps the result tables within 80 columns."""
+    return Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1),
+                 title_justify="left")
 
 
 class RichProgress:
@@ -96,7 +97,7 @@ def result_tables(summary: dict, wide: bool = False) -> list[Table]:
 
     The default columns fit 80 columns with the longest bundled names; ``wide`` adds the eager
     reference ratio, the roofline fraction, rejected verdicts by kind and the generation."""
-    champs = _table(f"run {summary['run_id']} ({summary['status']}): {summary['evaluations']} evaluations")
+    champs = compact_table(f"run {summary['run_id']} ({summary['status']}): {summary['evaluations']} evaluations")
     champs.add_column("problem", no_wrap=True)
     champs.add_column("speedup [95% CI]", justify="right", no_wrap=True)
     if wide:
@@ -108,7 +109,7 @@ def result_tables(summary: dict, wide: bool = False) -> list[Table]:
     if wide:
         champs.add_column("gen", justify="right")
         champs.add_column("candidate", no_wrap=True)
-    shapes = _table("champion per shape (us: microseconds per call)")
+    shapes = compact_table("champion per shape (us: microseconds per call)")
     shapes.add_column("problem", no_wrap=True)
     shapes.add_column("shape", no_wrap=True)
     shapes.add_column("base us", justify="right")
@@ -148,7 +149,7 @@ def _x(ratio) -> str:
 
 def agent_table(summary: dict, wide: bool = False) -> Table:
     """Proposals and verdicts per agent; ``wide`` splits the rejected ones by kind."""
-    t = _table("agents")
+    t = compact_table("agents")
     t.add_column("agent", overflow="fold")
     cols = ["proposals", "correct", "faster", "champions"] + (list(REJECTED) if wide else ["rejected"])
     for col in cols:
@@ -168,7 +169,7 @@ def llm_table(summary: dict, wide: bool = False) -> Table | None:
     """What each LLM endpoint was asked, answered and cost; ``wide`` shows every counter."""
     if not summary.get("llm"):
         return None
-    t = _table("LLM endpoints")
+    t = compact_table("LLM endpoints")
     if wide:
         for col in LLM_COLS:
             t.add_column(col.replace("_", " "), justify="left" if col in ("agent", "model") else "right",
