@@ -17,7 +17,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -119,18 +118,55 @@ class Proc:
         self.log.close()
 
 
-def sweep(url: str, levels: list[int], args) -> list[dict]:
-    """One bench level at a time; records the 1-minute load average so a run disturbed by
-    other work on the machine shows in the results."""
+def _busy_s() -> float:
+    """CPU-seconds this machine has spent not idle (all processes), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def wait_quiet(limit_s: float, share: float = 0.1, window_s: float = 3.0) -> float:
+    """Wait up to limit_s for a window in which other work used under ``share`` of the CPUs;
+    returns the share seen last (our servers are idle while this runs)."""
+    deadline = time.time() + limit_s
+    while True:
+        b0 = _busy_s()
+        time.sleep(window_s)
+        seen = (_busy_s() - b0) / (window_s * (os.cpu_count() or 1))
+        if seen < share or time.time() >= deadline:
+            return round(seen, 3)
+
+
+def sweep(url: str, levels: list[int], args, pid: int | None = None) -> list[dict]:
+    """One bench level at a time. Records the CPU share other work on the machine took during
+    the level (``others_cpu_share``: all busy CPU time less the server's and this process's,
+    over wall time x CPUs) and the 1-minute load average, so a disturbed run shows."""
     out = []
     for i, c in enumerate(levels):
         n = args.num_prompts or max(8, 2 * c)
-        res = bench_sync(url, [c], input_len=args.input_len, output_len=args.output_len, num_prompts=n,
-                         seed=args.seed + 100 * i, warmup=2 if i == 0 else 1)
-        lv = res["levels"][0]
-        lv["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
-        log(f"  c={c}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
-            f"TPOT {lv['tpot_ms_median']:.1f} ms  errors {lv['errors']}")
+        for attempt in range(1 + args.retries):
+            before_quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
+            b0, s0, o0, t0 = _busy_s(), _proc_cpu_s(pid) if pid else 0.0, sum(os.times()[:2]), time.time()
+            res = bench_sync(url, [c], input_len=args.input_len, output_len=args.output_len, num_prompts=n,
+                             seed=args.seed + 100 * i, warmup=2 if i == 0 else 1)
+            wall = time.time() - t0
+            mine = (_proc_cpu_s(pid) - s0 if pid else 0.0) + sum(os.times()[:2]) - o0
+            lv = res["levels"][0]
+            lv["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+            lv["others_cpu_share"] = round(max(0.0, _busy_s() - b0 - mine) / (wall * (os.cpu_count() or 1)), 3)
+            lv["others_cpu_share_before"] = before_quiet
+            lv["attempt"] = attempt + 1
+            log(f"  c={c}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
+                f"TPOT {lv['tpot_ms_median']:.1f} ms  errors {lv['errors']}  others {lv['others_cpu_share']:.0%}")
+            if lv["others_cpu_share"] <= args.max_others:
+                break
+            log(f"  other work took {lv['others_cpu_share']:.0%} of the CPUs during the level; measuring it again")
         out.append(lv)
     return out
 
@@ -182,6 +218,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--skip", default="", help="comma list of: llama.cpp, hf, engine")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "engine_vs_peers.json")
+    ap.add_argument("--quiet-wait", type=float, default=0.0,
+                    help="before each level, wait up to this many seconds for other work to use < 10%% of the CPUs")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate the systems this many times")
+    ap.add_argument("--max-others", type=float, default=1.0,
+                    help="measure a level again when other work took more than this share of the CPUs")
+    ap.add_argument("--retries", type=int, default=0, help="at most this many repeats of a disturbed level")
     args = ap.parse_args()
 
     llama = build_llama_server(args.peers, args.threads, args.llama_isa)
@@ -195,33 +237,43 @@ def main() -> int:
     ctx = args.input_len + args.output_len + 16
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.out.parent
-    results: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
-                                 "cores": os.cpu_count()},
+    from swarmfactory.hardware import MASK_ENV, cpu_features, cpu_fingerprint
+
+    host = cpu_features(mask=None)
+    results: dict = {"machine": {"cpu": cpu_fingerprint()["model"], "threads": args.threads,
+                                 "cores": os.cpu_count(),
+                                 "simd": sorted(f for f in host if f.startswith(("avx", "amx", "fma", "f16c"))),
+                                 "mask": {k: os.environ[k] for k in (MASK_ENV, "ATEN_CPU_CAPABILITY",
+                                                                     "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+                                          if k in os.environ}},
                      "model": gguf.name, "input_len": args.input_len, "output_len": args.output_len,
                      "systems": {}}
 
-    if "llama.cpp" not in skip:
-        port = free_port()
-        log("llama.cpp server")
-        p = Proc([str(llama), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
-                  "-tb", str(args.threads), "-np", str(max_c), "-c", str(max_c * ctx), "--no-warmup"],
-                 f"http://127.0.0.1:{port}", logs / "llama-server.log")
-        try:
-            results["systems"]["llama.cpp (Q4_1 file)"] = sweep(p.url, levels, args)
-        finally:
-            p.stop()
-
-    if "engine" not in skip:
-        for fmt in args.formats.split(","):
+    for r in range(args.rounds):
+        tag = f" (round {r + 1})" if args.rounds > 1 else ""
+        if "llama.cpp" not in skip:
             port = free_port()
-            log(f"engine {fmt}")
-            p = Proc([sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--weights", fmt, "--port", str(port),
-                      "--max-batch", str(max_c), "--max-seq-len", str(ctx), "--threads", str(args.threads)],
-                     f"http://127.0.0.1:{port}", logs / f"engine-{fmt}.log")
+            log("llama.cpp server" + tag)
+            p = Proc([str(llama), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t",
+                      str(args.threads), "-tb", str(args.threads), "-np", str(max_c), "-c", str(max_c * ctx),
+                      "--no-warmup"], f"http://127.0.0.1:{port}", logs / "llama-server.log")
             try:
-                results["systems"][f"engine {fmt}"] = sweep(p.url, levels, args)
+                name = f"llama.cpp (Q4_1 file, {args.llama_isa} build){tag}"
+                results["systems"][name] = sweep(p.url, levels, args, p.p.pid)
             finally:
                 p.stop()
+
+        if "engine" not in skip:
+            for fmt in args.formats.split(","):
+                port = free_port()
+                log(f"engine {fmt}{tag}")
+                p = Proc([sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--weights", fmt, "--port",
+                          str(port), "--max-batch", str(max_c), "--max-seq-len", str(ctx), "--threads",
+                          str(args.threads)], f"http://127.0.0.1:{port}", logs / f"engine-{fmt}.log")
+                try:
+                    results["systems"][f"engine {fmt}{tag}"] = sweep(p.url, levels, args, p.p.pid)
+                finally:
+                    p.stop()
 
     if "hf" not in skip:
         log("HF transformers fp32 generate")
@@ -234,8 +286,9 @@ def main() -> int:
 
 
 def table(results: dict, levels: list[int]) -> str:
-    head = "| system | " + " | ".join(f"c={c} tok/s | TTFT ms | TPOT ms" for c in levels) + " | max load |"
-    sep = "|---|" + "---|---|---|" * len(levels) + "---|"
+    head = ("| system | " + " | ".join(f"c={c} tok/s | TTFT ms | TPOT ms" for c in levels)
+            + " | max load | others' CPU |")
+    sep = "|---|" + "---|---|---|" * len(levels) + "---|---|"
     rows = [head, sep]
     for name, lvs in results["systems"].items():
         by = {lv["concurrency"]: lv for lv in lvs}
@@ -245,7 +298,8 @@ def table(results: dict, levels: list[int]) -> str:
             cells.append("n/a | n/a | n/a" if lv is None else
                          f"{lv['output_tok_s']:.1f} | {lv['ttft_ms_median']:.0f} | {lv['tpot_ms_median']:.1f}")
         load = max((lv.get("loadavg_1m_after", 0) for lv in lvs), default=0)
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {load:.1f} |")
+        others = max((lv.get("others_cpu_share", 0) for lv in lvs), default=0)
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {load:.1f} | {others:.0%} |")
     return "\n".join(rows)
 
 

@@ -211,7 +211,7 @@ def measure_native(gg, model: Llama, lib, threads: int, deadline: float, timings
             rows = s.logit_rows
             try:
                 tn, tt = _best_pair(lambda: nat(s.tokens, s.slots, s.positions, rows),
-                                    lambda: model.forward(s, kv), deadline_here, reps=3)
+                                    lambda: model.forward(s, kv), deadline_here, reps=2)
             except OutOfTime:
                 incomplete.append(f"native_{name}@{p}")
                 break
@@ -225,7 +225,6 @@ def measure_native(gg, model: Llama, lib, threads: int, deadline: float, timings
         elif found is None:
             found = 0 if name == "prefill" else 1  # a decode step of one is the native case
         results.append(found)
-        del nat
     return results[0], results[1]
 
 

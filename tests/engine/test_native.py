@@ -45,7 +45,7 @@ def test_a_path_that_fails_its_check_falls_back_and_says_so(monkeypatch, caplog)
         pytest.skip("this CPU runs only one native path")
     first = paths[0]
     real = native_mod.probe
-    monkeypatch.setattr(native_mod, "probe",
+    monkeypatch.setattr(native_mod.library, "probe",
                         lambda lib: "simulated wrong result" if lib.sf_isa().decode() == first.name else real(lib))
     with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
         lib, chosen, fallbacks = load_checked(paths)
