@@ -25,4 +25,16 @@ KNOWN_HOLES: dict[str, str] = {
         "the driver's reply_fd is a writable global and the reply pipe accepts the candidate's own "
         "records: a kernel redirects the driver's replies to stderr and forges fp_after == "
         "fp_before, so FTZ/DAZ left on is not seen (it loses a race at halt now and then: crashed)",
+    "swiglu/ifunc_leaks_coordinator_env":
+        "the load-time filter lets any code that runs inside dlopen (here a GNU ifunc resolver, "
+        "which no static check looks for) open and read any file, /proc/<coordinator>/environ "
+        "included, and a crash verdict quotes the candidate's stderr: secrets leak into the "
+        "verdict (`crashed`, not `cheated`)",
+    "softmax/dlsym_thread_finishes_later":
+        "glibc's pthread_create blocks every signal around clone3, so the sandbox's SIGSYS trap "
+        "cannot reach the driver's handler and the kernel kills the process with SIGSYS: the "
+        "verdict is `crashed` without the call, not `cheated`",
+    "softmax/blocks_sigsys_then_forks":
+        "a forbidden call made with SIGSYS blocked (rt_sigprocmask is allowed) kills the process "
+        "with SIGSYS: the verdict is `crashed`, not `cheated` naming the call",
 }
