@@ -37,4 +37,12 @@ KNOWN_HOLES: dict[str, str] = {
     "softmax/blocks_sigsys_then_forks":
         "a forbidden call made with SIGSYS blocked (rt_sigprocmask is allowed) kills the process "
         "with SIGSYS: the verdict is `crashed`, not `cheated` naming the call",
+    "attention_decode/bf16_when_values_small":
+        "on small-magnitude cases (the `tiny` distribution) outputs are ~1e-5 .. 1e-4, below the "
+        "fixed atol of 1e-4: a bf16 (or 10%) error passes, and the trivial-answer check does not "
+        "tighten because zeros stay just outside; verdict is the kernel's speed, not `wrong`",
+    "kernelbench/23_Softmax/drops_small_outputs":
+        "a case tightened against a trivial answer gets atol = half that answer's worst error "
+        "(~2e-3 for 16384-wide softmax rows), still 30x the typical output: a softmax that writes 0 "
+        "for all but a handful of outputs per row (rows sum to ~0.01) passes and gets `faster`",
 }

@@ -1,0 +1,25 @@
+"""KernelBench level 1, 19_ReLU (as published, smaller batch): its inputs come from torch.rand,
+which is never negative, so a plain copy computes ReLU on them."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+batch_size = 16
+dim = 16384
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
