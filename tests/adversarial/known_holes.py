@@ -45,4 +45,32 @@ KNOWN_HOLES: dict[str, str] = {
         "a case tightened against a trivial answer gets atol = half that answer's worst error "
         "(~2e-3 for 16384-wide softmax rows), still 30x the typical output: a softmax that writes 0 "
         "for all but a handful of outputs per row (rows sum to ~0.01) passes and gets `faster`",
+    # tests/adversarial/test_sandbox_layers.py
+    "names-call:rope/renices_the_baseline":
+        "setpriority (and getpriority, sched_setscheduler, ...) are missing from candidate.py's "
+        "system-call name table: the verdict names the call `#141`",
+    "names-call:rmsnorm/pasted_thread_name":
+        "pthread_create blocks SIGSYS around clone3: killed by SIGSYS, `crashed`, call not named",
+    "names-call:rmsnorm/spawns_thread":
+        "pthread_create blocks SIGSYS around clone3: killed by SIGSYS, `crashed`, call not named",
+    "names-call:softmax/dlsym_thread_finishes_later":
+        "pthread_create blocks SIGSYS around clone3: killed by SIGSYS, `crashed`, call not named",
+    "names-call:softmax/blocks_sigsys_then_forks":
+        "SIGSYS blocked by the kernel itself: killed by SIGSYS, `crashed`, call not named",
+    "isolation-recorded:rmsnorm/macro_hidden_constructor":
+        "a rejection while the library loads (inside CandidateProcess.__init__) leaves "
+        "prep.extra['isolation'] unset: the verdict does not say which isolation was in force",
+    "isolation-recorded:q4_1_matmul/ifunc_patches_coordinator":
+        "a rejection while the library loads leaves the isolation out of the verdict's evidence",
+    "test_a_daemon_that_scrubs_its_environment_is_found_without_a_cgroup":
+        "token containment reads /proc/<pid>/environ, which is the process's own writable memory: "
+        "a daemon that overwrites its environment strings is never found (only matters if the "
+        "allow-list is bypassed and no cgroup is available)",
+    "test_a_daemon_that_moves_itself_out_of_the_cgroup_is_found":
+        "the candidate runs as the coordinator's user (root here): a daemon may write its pid to "
+        "the parent cgroup's cgroup.procs and leave the evaluation's cgroup (only matters if the "
+        "allow-list is bypassed); no user namespace or uid drop",
+    "test_load_time_code_cannot_read_the_coordinators_secrets":
+        "the load-time filter allows opening any file read-only: an ifunc resolver reads "
+        "/proc/<coordinator>/environ and the crash verdict quotes what it wrote to stderr",
 }
