@@ -143,12 +143,12 @@ def wait_quiet(limit_s: float, share: float = 0.1, window_s: float = 3.0) -> flo
             return round(seen, 3)
 
 
-def sweep(url: str, levels: list[int], args, pid: int | None = None) -> list[dict]:
+def sweep(url: str, levels: list[int], args, pid: int | None = None, level_index: int = 0) -> list[dict]:
     """One bench level at a time. Records the CPU share other work on the machine took during
     the level (``others_cpu_share``: all busy CPU time less the server's and this process's,
     over wall time x CPUs) and the 1-minute load average, so a disturbed run shows."""
     out = []
-    for i, c in enumerate(levels):
+    for i, c in enumerate(levels, start=level_index):
         n = args.num_prompts or max(8, 2 * c)
         for attempt in range(1 + args.retries):
             before_quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
@@ -249,31 +249,37 @@ def main() -> int:
                      "model": gguf.name, "input_len": args.input_len, "output_len": args.output_len,
                      "systems": {}}
 
-    for r in range(args.rounds):
-        tag = f" (round {r + 1})" if args.rounds > 1 else ""
+    # Every server runs from the start (idle when not measured); each level is measured for
+    # every system in turn, the order reversed every other round (ABBA), so slow drifts in what
+    # else runs on the machine hit all systems alike.
+    servers: dict[str, Proc] = {}
+    try:
         if "llama.cpp" not in skip:
             port = free_port()
-            log("llama.cpp server" + tag)
-            p = Proc([str(llama), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t",
-                      str(args.threads), "-tb", str(args.threads), "-np", str(max_c), "-c", str(max_c * ctx),
-                      "--no-warmup"], f"http://127.0.0.1:{port}", logs / "llama-server.log")
-            try:
-                name = f"llama.cpp (Q4_1 file, {args.llama_isa} build){tag}"
-                results["systems"][name] = sweep(p.url, levels, args, p.p.pid)
-            finally:
-                p.stop()
-
+            log("starting llama.cpp server")
+            servers[f"llama.cpp (Q4_1 file, {args.llama_isa} build)"] = Proc(
+                [str(llama), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
+                 "-tb", str(args.threads), "-np", str(max_c), "-c", str(max_c * ctx), "--no-warmup"],
+                f"http://127.0.0.1:{port}", logs / "llama-server.log")
         if "engine" not in skip:
             for fmt in args.formats.split(","):
                 port = free_port()
-                log(f"engine {fmt}{tag}")
-                p = Proc([sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--weights", fmt, "--port",
-                          str(port), "--max-batch", str(max_c), "--max-seq-len", str(ctx), "--threads",
-                          str(args.threads)], f"http://127.0.0.1:{port}", logs / f"engine-{fmt}.log")
-                try:
-                    results["systems"][f"engine {fmt}{tag}"] = sweep(p.url, levels, args, p.p.pid)
-                finally:
-                    p.stop()
+                log(f"starting engine {fmt}")
+                servers[f"engine {fmt}"] = Proc(
+                    [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--weights", fmt, "--port", str(port),
+                     "--max-batch", str(max_c), "--max-seq-len", str(ctx), "--threads", str(args.threads)],
+                    f"http://127.0.0.1:{port}", logs / f"engine-{fmt}.log")
+        for r in range(args.rounds):
+            tag = f" (round {r + 1})" if args.rounds > 1 else ""
+            for i, c in enumerate(levels):
+                order = list(servers) if r % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    log(f"{name}{tag}")
+                    lv = sweep(servers[name].url, [c], args, servers[name].p.pid, level_index=i)[0]
+                    results["systems"].setdefault(name + tag, []).append(lv)
+    finally:
+        for proc in servers.values():
+            proc.stop()
 
     if "hf" not in skip:
         log("HF transformers fp32 generate")

@@ -41,6 +41,7 @@ BUDGET_S = 25.0
 ROWS = (1, 4, 8, 16, 32, 64)
 DECODE = (1, 8, 16, 32, 64)
 PROMPT = (16, 64, 128, 256)
+WIDE_MARGIN = 1.3  # native this much faster at the last point measured: assume it stays ahead
 DECODE_POS = 80  # context length of the decode rows while timed: attention counts too
 DEFAULT_NATIVE_PREFILL = 64  # where a calibration had no time: native won at 16-64 tokens on both ISAs measured
 
@@ -204,7 +205,7 @@ def measure_native(gg, model: Llama, lib, threads: int, deadline: float, timings
                                       (kv_p, prompts, _prompt_step, "prefill")):
         nat = NativeDecoder(gg, kv, max(points, default=1) if name == "decode" else 1, threads, lib,
                             max_prompt=max(points, default=0) if name == "prefill" else 0)
-        wins, done = [], []
+        wins, done, margin = [], [], 1.0
         deadline_here = time.perf_counter() + (deadline - time.perf_counter()) * (0.5 if name == "decode" else 1.0)
         for p in points:
             s = step_of(p)
@@ -218,10 +219,13 @@ def measure_native(gg, model: Llama, lib, threads: int, deadline: float, timings
             timings[f"native_{name}@{p}"] = [round(tn * 1e3, 3), round(tt * 1e3, 3)]
             done.append(p)
             wins.append(tn <= tt)
+            margin = tt / tn
         default = DEFAULT_NATIVE_DECODE if name == "decode" else DEFAULT_NATIVE_PREFILL
         found = _last_winning(done, wins)
-        if len(done) < len(points) and all(wins):  # out of time while native still won
-            found = max(found or 0, default)
+        if len(done) < len(points) and all(wins):  # out of time while native still won:
+            # far ahead at the last point (the cost of both grows about linearly from there),
+            # assume it stays ahead; else no further than the default
+            found = max(points) if margin >= WIDE_MARGIN else max(found or 0, default)
         elif found is None:
             found = 0 if name == "prefill" else 1  # a decode step of one is the native case
         results.append(found)
