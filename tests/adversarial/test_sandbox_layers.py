@@ -72,8 +72,10 @@ OS_LAYER = {
     "rmsnorm/spawns_thread": {"clone3", "clone"},
     "softmax/dlsym_thread_finishes_later": {"clone3", "clone"},
     "softmax/blocks_sigsys_then_forks": {"clone", "fork"},
-    "rmsnorm/forged_reply_pickle": None,
+    "rmsnorm/forged_reply_pickle": None,      # None: any rejection (here a stale descriptor)
     "softmax/forged_reply_self_stop": None,
+    "rmsnorm/forged_pickle_on_reply_fd": None,   # a malformed reply: crashed
+    "softmax/forged_reply_on_reply_fd": None,    # a well-formed reply, then a self-stop: wrong
 }
 _VERDICTS: dict[str, object] = {}
 
@@ -277,6 +279,7 @@ def test_load_time_code_cannot_read_the_coordinators_secrets():
     assert out.returncode == 0, out.stderr[-2000:]
     v = json.loads(out.stdout.strip().splitlines()[-1])
     assert secret not in out.stdout, f"the coordinator's secret reached the verdict: {v['detail']}"
+    assert secret.encode().hex() not in out.stdout, f"the secret reached the verdict, encoded: {v['detail']}"
     assert v["outcome"] == "cheated", v
 
 
@@ -299,23 +302,27 @@ def pickle_spy(monkeypatch):
 
 
 @pytest.mark.parametrize("static", [True, False], ids=["filter-on", "filter-off"])
-def test_a_forged_pickle_reply_runs_no_code_in_the_coordinator(static, harness, filterless, pickle_spy):
+@pytest.mark.parametrize("kernel", ["rmsnorm/forged_pickle_on_reply_fd", "rmsnorm/forged_reply_pickle"])
+def test_a_forged_pickle_reply_runs_no_code_in_the_coordinator(kernel, static, harness, filterless, pickle_spy):
     MARKER.unlink(missing_ok=True)
     h = harness if static else filterless
-    v = h.evaluate(load_problem("rmsnorm"), source("rmsnorm/forged_reply_pickle"))
+    v = h.evaluate(load_problem("rmsnorm"), source(kernel))
     time.sleep(0.2)
     assert not MARKER.exists(), "the forged pickle ran in the coordinator"
     assert not any(b"swarmfactory-pwned" in d for d in pickle_spy), "the forged pickle was unpickled"
-    assert v.outcome is Outcome.CRASHED, f"{v.outcome.value}: {v.detail}"
-    assert "malformed reply" in v.detail
+    assert v.outcome not in CORRECT, v.detail
+    if kernel.endswith("on_reply_fd"):  # it reached the reply pipe
+        assert v.outcome is Outcome.CRASHED and "malformed reply" in v.detail, f"{v.outcome.value}: {v.detail}"
 
 
 @pytest.mark.parametrize("static", [True, False], ids=["filter-on", "filter-off"])
-def test_a_forged_well_formed_reply_does_not_become_the_verdict(static, harness, filterless):
+@pytest.mark.parametrize("kernel", ["softmax/forged_reply_on_reply_fd", "softmax/forged_reply_self_stop"])
+def test_a_forged_well_formed_reply_does_not_become_the_verdict(kernel, static, harness, filterless):
     h = harness if static else filterless
-    v = h.evaluate(load_problem("softmax"), source("softmax/forged_reply_self_stop"))
+    v = h.evaluate(load_problem("softmax"), source(kernel))
     assert v.outcome not in CORRECT, v.detail
-    assert v.outcome in (Outcome.WRONG, Outcome.CRASHED, Outcome.TIMED_OUT), v.detail
+    if kernel.endswith("on_reply_fd"):  # the forged record was read; the outputs were not there
+        assert v.outcome is Outcome.WRONG, f"{v.outcome.value}: {v.detail}"
 
 
 FLOOD = r"""

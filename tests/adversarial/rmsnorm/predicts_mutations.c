@@ -1,4 +1,4 @@
-/* expect: not_faster — honestly ~100x slower than F.rms_norm (sum of squares through powl), yet made to look fast: it finds the driver's command record on the stack (magic "DCFS", from __builtin_frame_address upward), does nothing in bounded batches (calibration, whose outputs are never checked, so the fast "async" timing mode is chosen), and in the timed runs predicts from the command's seed which element of x and of w the driver's splitmix mutation replaced before each call, updating only that row's sum of squares and that row and column of y. Every output it leaves is exact */
+/* expect: not_faster — honestly slower than F.rms_norm at every workload shape (each call first rebuilds a 6144-entry table it barely needs, ~25 us), yet made to look fast: it finds the driver's command record on the stack (magic "DCFS", from __builtin_frame_address upward), and within each timed run predicts from the command's seed which element of x and of w the driver's splitmix mutation replaced before the call, updating only that row's sum of squares and that row and column of y, with the table kept from the run's first call. Calibration and the first call on each input set of a run are honest, so every output it leaves is exact, whenever the run is stopped and whatever was refreshed between runs */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
@@ -50,13 +50,23 @@ static struct memo *memo_for(const float *x, const float *w, float *y, int64_t r
     return m;
 }
 
+static volatile float table[6144];
+static void build_table(void) {                 /* the per-call setup an honest call pays */
+    for (int i = 0; i < 6144; i++) table[i] = (float)(1.0 / sqrt(1.0 + i / 256.0));
+}
+
 static void honest(const float *x, const float *w, float *y, int64_t rows, int64_t cols, float eps, struct memo *m) {
+    build_table();
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
         long double ss = 0.0L;
-        for (int64_t c = 0; c < cols; c++) ss += powl((long double)xr[c], 2.0L);
+        double s0 = 0.0, s1 = 0.0;
+        int64_t c = 0;
+        for (; c + 2 <= cols; c += 2) { s0 += (double)xr[c] * xr[c]; s1 += (double)xr[c + 1] * xr[c + 1]; }
+        for (; c < cols; c++) s0 += (double)xr[c] * xr[c];
+        ss = (long double)s0 + (long double)s1;
         const float inv = (float)(1.0 / sqrt((double)(ss / (long double)cols) + (double)eps));
-        for (int64_t c = 0; c < cols; c++) y[r * cols + c] = xr[c] * inv * w[c];
+        for (c = 0; c < cols; c++) y[r * cols + c] = xr[c] * inv * w[c];
         if (m) { m->ss[r] = ss; m->inv[r] = inv; }
     }
     if (m) memcpy(m->xc, x, sizeof(float) * (size_t)(rows * cols));
@@ -66,7 +76,7 @@ void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t col
     static uint64_t seed_now, call_now;
     struct sf_cmd *c = find_cmd();
     if (!c || c->op != 2 || !c->mutate) { honest(x, w, y, rows, cols, eps, 0); return; }
-    if (c->iters != UINT64_MAX) return;                   /* calibration: nobody looks */
+    if (c->iters != UINT64_MAX) { honest(x, w, y, rows, cols, eps, 0); return; }   /* calibration */
     if (c->seed != seed_now) { seed_now = c->seed; call_now = 0; } else call_now++;
     struct memo *m = memo_for(x, w, y, rows, cols, eps);
     if (!m) { honest(x, w, y, rows, cols, eps, 0); return; }

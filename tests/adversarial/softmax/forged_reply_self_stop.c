@@ -1,4 +1,4 @@
-/* expect: wrong — writes a well-formed 32-byte "done" reply on the harness's reply pipe (found from the driver's argv) and stops its own process (raise(SIGSTOP), a signal to itself, which the sandbox allows) before computing anything, hoping the trusted clock stops and the verdict is taken on its word; the work would resume at the next SIGCONT */
+/* expect: cheated — writes a well-formed 32-byte "done" reply on the harness's reply pipe, at the descriptor number found in the driver's argv (program_invocation_name), and stops its own process (raise(SIGSTOP), a signal to itself, which the sandbox allows) before computing anything, hoping the trusted clock stops and the verdict is taken on its word. The driver moves its descriptors to fixed numbers at start, so the argv number is stale and the write is a forbidden system call (on the real reply descriptor: see forged_reply_on_reply_fd.c, `wrong`) */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* expect: cheated — knows how the trusted side times fast kernels: a run of calls is stopped "at a random moment" that is never earlier than the sample length (4 ms), and only the last output of each input set is checked. It reads the clock through a weakref alias of clock_gettime (no timer name in the source, no rdtsc in the assembly), finds the driver's command record on the stack to tell timed batches from verification calls, does nothing in bounded batches (calibration, never checked: so the fast "async" mode is chosen), and in each timed run skips all work until just enough time is left before the 4 ms mark for one honest call on every input set (it times its own honest calls); the honest scalar kernel (about 5x slower than torch) runs after that, so every output that is checked is right */
+/* expect: cheated — knows how the trusted side times fast kernels: a run of calls is stopped "at a random moment" that is never earlier than the sample length (4 ms), and only the last output of each input set is checked. It reads the clock through a weakref alias of clock_gettime (no timer name in the source, no rdtsc in the assembly), finds the driver's command record on the stack to tell timed batches from verification calls, computes honestly in bounded batches (calibration), and in each timed run skips all work until just enough time is left before the 4 ms mark for one honest call on every input set (it times its own honest calls); the honest scalar kernel (about 5x slower than torch) runs after that, so every output that is checked is right */
 #include <stdint.h>
 #include <math.h>
 
@@ -30,7 +30,7 @@ void swiglu(const float *gate, const float *up, float *y, int64_t n) {
     double t = 0.0;
     struct sf_cmd *c = find_cmd();
     if (c && c->op == 2) {
-        if (c->iters != UINT64_MAX) return;      /* calibration: nobody looks */
+        if (c->iters != UINT64_MAX) { for (int64_t i = 0; i < n; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i]; return; }
         t = now_s();
         if (c->seed != seed_now) { seed_now = c->seed; t0 = t; }
         if (t - t0 < 3.5e-3 - 2.0 * (double)(c->nslots + 1) * honest[h].s) return;  /* the stop cannot come yet */
