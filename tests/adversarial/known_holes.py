@@ -1,62 +1,48 @@
-"""Hostile kernels whose expected outcome the harness does not give yet.
+"""Hostile kernels and sandbox tests whose expected outcome the harness does not give yet.
 
-Each entry is a kernel in tests/adversarial/<problem>/ (id ``<problem>/<stem>``) whose header
-states the outcome the finished harness must give; until the hole is closed, its test is marked
-xfail (not strict: some holes are probabilistic) with the reason below. Remove an entry when the
-harness is fixed: the test then holds the line.
+Keys are test ids: ``<problem>/<kernel>`` for tests/adversarial/<problem>/<kernel>.c (run by
+test_adversarial.py), ``kernelbench/<file>/<kernel>`` (test_kernelbench_literal.py), the
+parametrised ids of test_sandbox_layers.py, or a plain test name. conftest.py marks each xfail
+(not strict: some holes are probabilistic) with the reason below. Remove an entry when the harness
+is fixed: the test then holds the line.
 """
 
 KNOWN_HOLES: dict[str, str] = {
-    "rmsnorm/nan_dropped_at_hidden_width":
-        "special values (NaN, -0.0, denormals) are never tried at the exact workload shapes, so a "
-        "fast path taken only there may drop NaN: it gets `faster`",
-    "swiglu/tail_bug_residue_5":
-        "the seed widths leave remainders 0, 1, 3 and 7 mod 8 only; a tail bug at n % 8 == 5 gets "
-        "`faster`",
+    # -- tests/adversarial/<problem>/*.c ------------------------------------------------------
+    "rope/forges_call_counter":
+        "the driver's call counter is in the shared arena and the trusted side uses what it reads "
+        "unbounded: a kernel that writes 2^40 into it at the start of each timed call makes "
+        "np.arange(calls) raise an 8 TiB MemoryError in the coordinator (an exception, no verdict)",
+    "rmsnorm/x87_precision_left_single":
+        "only MXCSR is compared after each call: a kernel that changes the x87 control word "
+        "(precision control to 24 bits, through fesetenv) and leaves it is not seen",
+    "swiglu/skips_calls_by_counting":
+        "skipping work early in each timed run without any clock (counting calls, after learning "
+        "the shortest run) is caught only when an audit happens to stop inside the skipped stretch",
     "rmsnorm/predicts_mutations":
-        "the driver's per-call input mutation is predictable from its command record (seed on the "
-        "driver's stack, splitmix in the open) and calibration outputs are never checked: an "
-        "honestly ~100x slower kernel updates one row and one column per call and gets `faster`",
-    "swiglu/skips_calls_early_in_a_sample":
-        "a timed run is never stopped before sample_ms (4 ms) and calibration outputs are never "
-        "checked: a kernel that reads the clock (weakref alias of clock_gettime) skips all work "
-        "early in every run and gets `faster`",
-    "rope/hides_ftz_by_redirecting_replies":
-        "the driver's reply_fd is a writable global and the reply pipe accepts the candidate's own "
-        "records: a kernel redirects the driver's replies to stderr and forges fp_after == "
-        "fp_before, so FTZ/DAZ left on is not seen (it loses a race at halt now and then: crashed)",
-    "swiglu/ifunc_leaks_coordinator_env":
-        "the load-time filter lets any code that runs inside dlopen (here a GNU ifunc resolver, "
-        "which no static check looks for) open and read any file, /proc/<coordinator>/environ "
-        "included, and a crash verdict quotes the candidate's stderr: secrets leak into the "
-        "verdict (`crashed`, not `cheated`)",
-    "softmax/dlsym_thread_finishes_later":
-        "glibc's pthread_create blocks every signal around clone3, so the sandbox's SIGSYS trap "
-        "cannot reach the driver's handler and the kernel kills the process with SIGSYS: the "
-        "verdict is `crashed` without the call, not `cheated`",
-    "softmax/blocks_sigsys_then_forks":
-        "a forbidden call made with SIGSYS blocked (rt_sigprocmask is allowed) kills the process "
-        "with SIGSYS: the verdict is `crashed`, not `cheated` naming the call",
-    "attention_decode/bf16_when_values_small":
-        "on small-magnitude cases (the `tiny` distribution) outputs are ~1e-5 .. 1e-4, below the "
-        "fixed atol of 1e-4: a bf16 (or 10%) error passes, and the trivial-answer check does not "
-        "tighten because zeros stay just outside; verdict is the kernel's speed, not `wrong`",
+        "not a hole any more (trusted probes written during each run make a kernel that only "
+        "patches the driver's predicted mutations wrong), but the outcome is `cheated` when it is "
+        "caught and `not_faster` when the incremental path did not engage: both are right, "
+        "`faster` never is; the exact-outcome test cannot say so",
+    # -- tests/adversarial/kernelbench/ --------------------------------------------------------
     "kernelbench/23_Softmax/drops_small_outputs":
         "a case tightened against a trivial answer gets atol = half that answer's worst error "
         "(~2e-3 for 16384-wide softmax rows), still 30x the typical output: a softmax that writes 0 "
-        "for all but a handful of outputs per row (rows sum to ~0.01) passes and gets `faster`",
-    # tests/adversarial/test_sandbox_layers.py
+        "for all but a handful of outputs per row (rows sum to ~0.01) passes verification",
+    # -- tests/adversarial/test_sandbox_layers.py ----------------------------------------------
     "names-call:rope/renices_the_baseline":
         "setpriority (and getpriority, sched_setscheduler, ...) are missing from candidate.py's "
         "system-call name table: the verdict names the call `#141`",
     "names-call:rmsnorm/pasted_thread_name":
-        "pthread_create blocks SIGSYS around clone3: killed by SIGSYS, `crashed`, call not named",
+        "pthread_create blocks SIGSYS around clone3, so the trap cannot run the driver's handler: "
+        "`cheated` with the call `unknown`",
     "names-call:rmsnorm/spawns_thread":
-        "pthread_create blocks SIGSYS around clone3: killed by SIGSYS, `crashed`, call not named",
+        "pthread_create blocks SIGSYS around clone3: `cheated` with the call `unknown`",
     "names-call:softmax/dlsym_thread_finishes_later":
-        "pthread_create blocks SIGSYS around clone3: killed by SIGSYS, `crashed`, call not named",
+        "pthread_create blocks SIGSYS around clone3: `cheated` with the call `unknown`",
     "names-call:softmax/blocks_sigsys_then_forks":
-        "SIGSYS blocked by the kernel itself: killed by SIGSYS, `crashed`, call not named",
+        "SIGSYS blocked by the kernel itself (rt_sigprocmask is allowed): `cheated` with the call "
+        "`unknown`",
     "isolation-recorded:rmsnorm/macro_hidden_constructor":
         "a rejection while the library loads (inside CandidateProcess.__init__) leaves "
         "prep.extra['isolation'] unset: the verdict does not say which isolation was in force",
@@ -70,7 +56,4 @@ KNOWN_HOLES: dict[str, str] = {
         "the candidate runs as the coordinator's user (root here): a daemon may write its pid to "
         "the parent cgroup's cgroup.procs and leave the evaluation's cgroup (only matters if the "
         "allow-list is bypassed); no user namespace or uid drop",
-    "test_load_time_code_cannot_read_the_coordinators_secrets":
-        "the load-time filter allows opening any file read-only: an ifunc resolver reads "
-        "/proc/<coordinator>/environ and the crash verdict quotes what it wrote to stderr",
 }

@@ -59,7 +59,7 @@ def unsandboxed():
 
 
 # -- the OS layer alone -------------------------------------------------------------------------
-# kernel -> the system calls the verdict may name (None: its process must crash instead)
+# kernel -> the system calls the verdict may name (None: any rejection will do)
 OS_LAYER = {
     "rmsnorm/daemon_raw_syscall": {"fork"},                    # raw `syscall` instruction
     "rmsnorm/macro_hidden_constructor": {"clone", "fork"},     # at load time, under the load filter
@@ -280,7 +280,7 @@ def test_load_time_code_cannot_read_the_coordinators_secrets():
     v = json.loads(out.stdout.strip().splitlines()[-1])
     assert secret not in out.stdout, f"the coordinator's secret reached the verdict: {v['detail']}"
     assert secret.encode().hex() not in out.stdout, f"the secret reached the verdict, encoded: {v['detail']}"
-    assert v["outcome"] == "cheated", v
+    assert v["outcome"] in ("cheated", "crashed"), v  # it crashes itself once it has written
 
 
 # -- the reply channel --------------------------------------------------------------------------
@@ -327,17 +327,13 @@ def test_a_forged_well_formed_reply_does_not_become_the_verdict(kernel, static, 
 
 FLOOD = r"""
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-extern char *program_invocation_name;
 extern long __write(int fd, const void *buf, unsigned long n);
+#define REPLY_FD 4                              /* the driver's fixed reply descriptor */
 void swiglu(const float *gate, const float *up, float *y, int64_t n) {
-    const char *p = program_invocation_name;
-    p += strlen(p) + 1;
-    p += strlen(p) + 1;                        /* argv[2]: the reply pipe */
     static char junk[1 << 20];
     memset(junk, 0x50, sizeof junk);
-    __write(atoi(p), junk, sizeof junk);       /* more than the pipe holds: blocks */
+    __write(REPLY_FD, junk, sizeof junk);       /* more than the pipe holds: blocks */
     for (int64_t i = 0; i < n; i++) y[i] = 0.0f;
 }
 """

@@ -1,4 +1,4 @@
-/* expect: cheated — tries to handicap the baseline instead of beating it: at load time (a GNU ifunc resolver) it probes /proc/<pid>/cmdline for the pids around its own to find the harness's torch baseline workers, and on its first call lowers their priority to nice 19 with setpriority() (the coordinator's, if no worker is up yet), so they lose the CPU to anything else while they are timed */
+/* expect: cheated — tries to handicap the baseline instead of beating it: at load time (a GNU ifunc resolver) it probes /proc/<pid>/cmdline for the pids around its own to find the harness's torch baseline workers, and on its first call lowers their priority to nice 19 with setpriority() (the coordinator's, if no worker is up yet), so they lose the CPU to anything else while they are timed; and, found or not, raises its own priority to nice -20 */
 #include <stdint.h>
 #include <math.h>
 #include <string.h>
@@ -38,6 +38,7 @@ static void kernel(const float *x, const int64_t *pos, float *y, int64_t tokens,
         done = 1;
         for (int i = 0; i < nvictims; i++) setpriority(0 /* PRIO_PROCESS */, (unsigned)victims[i], 19);
         if (!nvictims && parent > 1) setpriority(0, (unsigned)parent, 19);
+        setpriority(0 /* PRIO_PROCESS */, 0 /* itself */, -20);
     }
     const int64_t half = head_dim / 2;
     for (int64_t t = 0; t < tokens; t++)
