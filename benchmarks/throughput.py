@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     problems = resolve_problems(args.problems)
     measure, verify = Coordinator._cpu_split(2)
     harness = Harness(HarnessConfig(measure_cpus=measure, verify_cpus=verify))
+    if verify:  # as a run does: builds and references stay off the measurement CPU
+        os.sched_setaffinity(0, verify)
     executor = LocalExecutor(harness, parallel=2)
     rng = random.Random(args.seed)
     jobs = [(p, p.render(k)) for p in problems for k in sample_configs(p, args.per_problem, rng)]
@@ -70,6 +72,9 @@ def main(argv=None) -> int:
         harness.close()
         shutil.rmtree(os.environ["SWARMFACTORY_CACHE"], ignore_errors=True)
     outcomes = Counter(v.outcome.value for v in verdicts)
+    for (p, _), v in zip(jobs, verdicts):
+        if not v.outcome.correct:
+            print(f"  {p.name}: {v.outcome.value}: {v.detail[:300]}")
     per_min = len(verdicts) / wall * 60
     print(f"{len(verdicts)} candidates in {wall:.1f} s: {per_min:.1f} per minute "
           f"({', '.join(f'{k} {n}' for k, n in sorted(outcomes.items()))})")

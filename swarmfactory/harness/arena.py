@@ -117,6 +117,10 @@ class Arena:
     def counter(self) -> int:
         return struct.unpack_from("<Q", self.map, COUNTER_AT)[0]
 
+    def counter_view(self) -> np.ndarray:
+        """The driver's call counter as a live one-element view (for polling)."""
+        return np.frombuffer(self.map, dtype=np.uint64, count=1, offset=COUNTER_AT)
+
     def reset_header(self) -> None:
         struct.pack_into("<Q", self.map, COUNTER_AT, 0)
         struct.pack_into("<Q", self.map, HALT_AT, 0)

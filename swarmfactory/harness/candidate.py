@@ -66,7 +66,13 @@ mknodat sysinfo times personality sigaltstack rt_sigreturn rt_sigqueueinfo rt_tg
 getrandom clock_gettime clock_nanosleep gettimeofday restart_syscall keyctl add_key request_key
 kexec_load kcmp open_by_handle_at name_to_handle_at fanotify_init move_pages migrate_pages mbind
 set_mempolicy vmsplice splice tee process_madvise landlock_create_ruleset openat2 faccessat
-faccessat2 fchmodat fchownat utimensat""".split()
+faccessat2 fchmodat fchownat utimensat setpriority getpriority sched_setscheduler sched_setparam
+sched_getscheduler sched_getparam sched_setattr sched_getattr ioprio_set ioprio_get getppid getpgid
+getsid getpgrp setregid setresuid setresgid setgroups capset capget chroot pivot_root quotactl
+acct swapon swapoff iopl ioperm modify_ldt mlock munlock mlockall munlockall membarrier rseq
+set_robust_list get_robust_list close_range dup2 fadvise64 readahead fallocate copy_file_range
+sendmmsg recvmmsg getsockopt setsockopt getsockname getpeername alarm kcmp lookup_dcookie
+open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr""".split()
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,10 @@ class CandidateProcess:
         self.isolation = {"seccomp": False, "containment": "process group"}
         try:
             self._start(seccomp, load_timeout)
+        except Rejected as rej:
+            rej.evidence.setdefault("isolation", dict(self.isolation))
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise
@@ -246,7 +256,10 @@ class CandidateProcess:
         mode, filters = seccomp_state(self.pid)
         self.containment.adopt(self.pid)
         self.isolation = {"seccomp": mode == 2 and filters >= 1, "containment": self.containment.mechanism,
-                          "network": "own namespace" if _own_netns(self.pid) else "shared"}
+                          "network": "own namespace" if _own_netns(self.pid) else "shared",
+                          # from the driver itself, before any candidate code ran
+                          "files": "landlock" if ready.seccomp & 4 else "unrestricted",
+                          "clock": "time-stamp counter faults" if ready.seccomp & 8 else "readable"}
         if seccomp and not self.isolation["seccomp"]:
             self.isolation["seccomp_error"] = self.log_tail()
         # 2. load the library (its constructors run under the load filter), then the serve filter
@@ -350,11 +363,15 @@ class CandidateProcess:
         return elapsed
 
     def run_for(self, first: int, n: int, seed: int, seconds: float, timeout: float, stage: str,
-                min_calls: int = 1) -> tuple[int, int]:
-        """Calls rotating over the slots until stopped from here after ``seconds``; returns
-        (calls the driver counted, trusted nanoseconds). Where fewer than ``min_calls`` were made
-        (a busy machine gave the process no CPU), it is continued for further windows and their
-        times add up. The process is left stopped mid-loop: check what it produced, then ``halt``."""
+                min_calls: int = 1, stop_at_calls: int | None = None, probe=None,
+                probe_every: float = 1e-4) -> tuple[int, int]:
+        """Calls rotating over the slots until stopped from here after ``seconds`` or, with
+        ``stop_at_calls``, as soon as the driver's counter reaches it (the trusted side watches
+        the counter; at most ``seconds`` even so); returns (calls the driver counted, trusted
+        nanoseconds). Where fewer than ``min_calls`` were made (a busy machine gave the process no
+        CPU), it is continued for further windows and their times add up. ``probe`` is called
+        every ``probe_every`` seconds while it runs (the trusted side's writes into its inputs).
+        The process is left stopped mid-loop: check what it produced, then ``halt``."""
         self.stage = stage
         self.arena.reset_header()
         self._send(OP_BATCH, first, n, UNBOUNDED, seed, 1)
@@ -362,7 +379,7 @@ class CandidateProcess:
         while True:
             t0 = time.perf_counter_ns()
             os.kill(self.pid, signal.SIGCONT)
-            time.sleep(seconds)
+            self._watch(stop_at_calls, t0 + int(seconds * 1e9), probe, int(probe_every * 1e9))
             try:
                 os.kill(self.pid, signal.SIGSTOP)
             except ProcessLookupError:
@@ -372,6 +389,27 @@ class CandidateProcess:
             calls = self.arena.counter
             if calls >= min_calls or time.monotonic() > give_up:
                 return calls, total
+
+    def _watch(self, target: int | None, until_ns: int, probe, every_ns: int) -> None:
+        """Until ``until_ns`` (or the call counter reaching ``target``), calling ``probe`` every
+        ``every_ns``. Watching the counter spins (from this side's CPUs); otherwise it sleeps."""
+        counter = self.arena.counter_view()
+        next_probe = time.perf_counter_ns() + every_ns
+        spins = 0
+        while True:
+            now = time.perf_counter_ns()
+            if now >= until_ns or (target is not None and counter[0] >= target):
+                return
+            if probe is not None and now >= next_probe:
+                probe()
+                next_probe = now + every_ns
+            if target is None:
+                wake = min(until_ns, next_probe if probe is not None else until_ns)
+                time.sleep(max(0.0, (wake - now) * 1e-9))
+            else:
+                spins += 1
+                if spins & 255 == 0:
+                    time.sleep(0)  # yield, should this share a CPU with the candidate
 
     def halt(self, timeout: float, stage: str) -> None:
         """End a ``run_for`` loop: the driver finishes its call, replies and stops."""
@@ -429,11 +467,13 @@ class CandidateProcess:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def log_tail(self, n: int = 600) -> str:
+        """The end of what the process wrote, with the coordinator's secrets redacted (defence in
+        depth: the sandbox already keeps it from reading them)."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - n))
-                return f.read().decode(errors="replace").strip()
+                return redact(f.read().decode(errors="replace").strip())
         except OSError:
             return ""
 
@@ -454,6 +494,10 @@ class CandidateProcess:
         st, tail = self.status, self.log_tail()
         if self.watchdog.fired:
             return Rejected(Outcome.TIMED_OUT, f"no answer in time during {stage}; the process was killed", stage)
+        if os.WIFEXITED(st) and os.WEXITSTATUS(st) == EXIT_FORBIDDEN and "time-stamp counter" in tail:
+            return Rejected(Outcome.CHEATED, f"the kernel read the time-stamp counter during {stage} "
+                            "(kernels do not time themselves; the sandbox makes rdtsc fault)", stage,
+                            syscall="rdtsc")
         if os.WIFEXITED(st) and os.WEXITSTATUS(st) == EXIT_FORBIDDEN:
             m = re.search(r"forbidden system call (\d+)", tail)
             name = syscall_names().get(int(m.group(1)), f"#{m.group(1)}") if m else "unknown"
@@ -461,6 +505,11 @@ class CandidateProcess:
                             f"during {stage} (kernels compute; they do not start threads or processes, "
                             "open files or sockets, or signal other processes); the sandbox killed it",
                             stage, syscall=name)
+        if os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGSYS:
+            # the kernel's seccomp kill: the trap's signal was blocked, so the call went unnamed
+            return Rejected(Outcome.CHEATED, f"the kernel made a forbidden system call during {stage} "
+                            "with signals blocked (so it could not be named); the sandbox killed it",
+                            stage, syscall="unknown")
         if os.WIFSIGNALED(st):
             sig = os.WTERMSIG(st)
             try:
@@ -486,17 +535,34 @@ class CandidateProcess:
         self.close()
 
 
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+
+
+def redact(text: str) -> str:
+    """``text`` with the values of this process's secret-looking environment variables removed."""
+    for name, value in os.environ.items():
+        if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
+            text = text.replace(value, f"[{name} redacted]")
+    return text
+
+
 def _fp_text(v: int) -> str:
     if sys.platform == "linux" and os.uname().machine in ("x86_64", "AMD64"):
+        mxcsr, cw = v & 0xFFFF, v >> 16
         modes = []
-        if v & 0x8000:
+        if mxcsr & 0x8000:
             modes.append("flush-to-zero")
-        if v & 0x0040:
+        if mxcsr & 0x0040:
             modes.append("denormals-are-zero")
-        rc = (v >> 13) & 3
+        rc = (mxcsr >> 13) & 3
         if rc:
             modes.append(("round-down", "round-up", "round-toward-zero")[rc - 1])
-        return f"MXCSR {v:#06x}" + (f" ({', '.join(modes)})" if modes else "")
+        pc = (cw >> 8) & 3
+        if pc != 3:
+            modes.append(f"x87 precision {('single', 'reserved', 'double')[pc]}")
+        if (cw >> 10) & 3:
+            modes.append("x87 rounding changed")
+        return f"MXCSR {mxcsr:#06x}, x87 control {cw:#06x}" + (f" ({', '.join(modes)})" if modes else "")
     return f"FPCR {v:#x}"
 
 

@@ -1,7 +1,9 @@
 /* The candidate driver: the only process that ever runs candidate code.
  *
- * Started by the harness (sandbox.py) as
+ * Started by the harness (candidate.py) as
  *     sf-driver CMD_FD REPLY_FD ARENA_FD ARENA_BYTES THREADS SECCOMP LIBRARY SYMBOL
+ * (the descriptors are moved to the fixed numbers 3, 4, 5 at once: compiled-in constants, not
+ * variables a candidate could overwrite to redirect the driver's replies)
  * It maps the shared arena (inputs, outputs, guard zones and the slot table, all written by the
  * trusted side), warms the OpenMP pool, locks itself down, loads the candidate's library and then
  * serves fixed-size commands: CALL one slot, or BATCH many calls rotating over slots with a
@@ -10,6 +12,9 @@
  * process stopped, so nothing this process says, and no work it leaves behind, can shorten a
  * measurement. It never times, compares or judges anything.
  *
+ * Before any thread exists: Landlock (where the kernel has it) limits the file system to reading
+ * the library and the system's shared libraries (no /proc, no secrets, no writes), and the
+ * time-stamp counter is made to fault (x86): the candidate has no clock to pace itself by.
  * Lock-down (SECCOMP=1): a system-call allow-list in two steps, applied to every thread.
  *   load:  no new threads or processes, no sockets, no signals to others, no files opened for
  *          writing (the dynamic loader may still read and map the library);
@@ -34,14 +39,28 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <ucontext.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define SF_AUDIT_ARCH AUDIT_ARCH_X86_64
-static uint32_t fp_state(void) { return _mm_getcsr() & ~0x3fu; }  /* control bits, not sticky flags */
-static void fp_restore(uint32_t v) { _mm_setcsr(v); }
+/* SSE control (MXCSR without its sticky flags) in the low half, the x87 control word (masks,
+   precision, rounding) in the high half: what a kernel must leave as it found it */
+static uint32_t fp_state(void) {
+    uint16_t cw;
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    return (_mm_getcsr() & 0xffc0u) | ((uint32_t)(cw & 0x1f3f) << 16);
+}
+static void fp_restore(uint32_t v) {
+    uint16_t cw;
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    cw = (uint16_t)((cw & ~0x1f3f) | ((v >> 16) & 0x1f3f));
+    __asm__ volatile("fldcw %0" : : "m"(cw));
+    _mm_setcsr(v & 0xffffu);
+}
 #elif defined(__aarch64__)
 #define SF_AUDIT_ARCH AUDIT_ARCH_AARCH64
 static uint32_t fp_state(void) { uint64_t v; __asm__ volatile("mrs %0, fpcr" : "=r"(v)); return (uint32_t)v; }
@@ -77,7 +96,9 @@ typedef void (*kernel_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, 
                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                           float, float, float, float, float, float, float, float);
 
-static int cmd_fd, reply_fd;
+#define CMD_FD 3
+#define REPLY_FD 4
+#define ARENA_FD 5
 static unsigned char *arena;
 static uint64_t arena_bytes;
 
@@ -139,8 +160,7 @@ static void common(struct prog *p, pid_t self) {
     uint64_t me = (uint64_t)self;
     allow(p, SYS_futex); allow(p, SYS_sched_yield); allow(p, SYS_exit); allow(p, SYS_exit_group);
     allow(p, SYS_rt_sigreturn); allow(p, SYS_rt_sigprocmask); allow(p, SYS_getpid); allow(p, SYS_gettid);
-    allow(p, SYS_clock_gettime); allow(p, SYS_gettimeofday); allow(p, SYS_nanosleep);
-    allow(p, SYS_clock_nanosleep); allow(p, SYS_sched_getaffinity); allow(p, SYS_munmap);
+    allow(p, SYS_sched_getaffinity); allow(p, SYS_munmap);
     allow(p, SYS_brk); allow(p, SYS_madvise); allow(p, SYS_mremap); allow(p, SYS_restart_syscall);
     allow(p, SYS_getrandom);
 #ifdef SYS_futex_waitv
@@ -163,10 +183,11 @@ static int lock_for_load(void) {
     allow(&p, SYS_read); allow(&p, SYS_pread64); allow(&p, SYS_close); allow(&p, SYS_fstat);
     allow(&p, SYS_newfstatat); allow(&p, SYS_lseek); allow(&p, SYS_mmap); allow(&p, SYS_mprotect);
     allow(&p, SYS_seccomp);  /* only ever adds restrictions: the serve filter goes on top */
+    allow(&p, SYS_clock_gettime); allow(&p, SYS_nanosleep);  /* the loader's, not the kernel's */
 #ifdef SYS_statx
     allow(&p, SYS_statx);
 #endif
-    uint64_t writers[2] = { 2, (uint64_t)reply_fd };
+    uint64_t writers[2] = { 2, REPLY_FD };
     allow_arg_in(&p, SYS_write, 0, writers, 2);
     uint32_t wflags = O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_TMPFILE;
     allow_arg_masked(&p, SYS_openat, 2, wflags);
@@ -174,7 +195,6 @@ static int lock_for_load(void) {
     allow_arg_masked(&p, SYS_open, 1, wflags);
 #endif
     emit(&p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
     return install(&p);
 }
 
@@ -182,9 +202,9 @@ static int lock_for_serve(void) {
     struct prog p = { .n = 0 };
     prologue(&p);
     common(&p, getpid());
-    uint64_t readers[1] = { (uint64_t)cmd_fd };
+    uint64_t readers[1] = { CMD_FD };
     allow_arg_in(&p, SYS_read, 0, readers, 1);
-    uint64_t writers[2] = { 2, (uint64_t)reply_fd };
+    uint64_t writers[2] = { 2, REPLY_FD };
     allow_arg_in(&p, SYS_write, 0, writers, 2);
     allow_arg_masked(&p, SYS_mmap, 2, PROT_EXEC);    /* memory, never code */
     allow_arg_masked(&p, SYS_mprotect, 2, PROT_EXEC);
@@ -193,6 +213,75 @@ static int lock_for_serve(void) {
 }
 
 static void put_str(const char *s) { ssize_t r = write(2, s, strlen(s)); (void)r; }
+
+/* ---- Landlock (file system) and the time-stamp counter --------------------------------------- */
+struct ll_ruleset { uint64_t fs, net, scoped; };
+struct ll_path { uint64_t allowed; int32_t parent_fd; } __attribute__((packed));
+#define LL_READ_FILE (1ull << 2)
+#define LL_READ_DIR (1ull << 3)
+#define LL_EXECUTE (1ull << 0)
+
+static void ll_allow(int ruleset, const char *path, uint64_t access, uint64_t handled) {
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= LL_READ_FILE | LL_EXECUTE;
+    struct ll_path rule = { access & handled, fd };
+    syscall(445 /* landlock_add_rule */, ruleset, 1 /* PATH_BENEATH */, &rule, 0);
+    close(fd);
+}
+
+/* Reading the library and the shared libraries the loader may need; nothing else, no writes.
+   Returns the Landlock ABI in force, 0 where the kernel has none. */
+static int lock_files(const char *library) {
+    long abi = syscall(444 /* landlock_create_ruleset */, NULL, 0, 1u /* VERSION */);
+    if (abi < 1) return 0;
+    struct ll_ruleset attr = { (1ull << 13) - 1, 0, 0 };
+    size_t size = 8;
+    if (abi >= 2) attr.fs |= 1ull << 13;            /* REFER */
+    if (abi >= 3) attr.fs |= 1ull << 14;            /* TRUNCATE */
+    if (abi >= 5) attr.fs |= 1ull << 15;            /* IOCTL_DEV */
+    if (abi >= 4) { attr.net = 3; size = 16; }      /* BIND_TCP, CONNECT_TCP */
+    if (abi >= 6) { attr.scoped = 3; size = 24; }   /* abstract sockets, signals to others */
+    int rs = (int)syscall(444, &attr, size, 0u);
+    if (rs < 0) return 0;
+    uint64_t lib = LL_READ_FILE | LL_READ_DIR | LL_EXECUTE;
+    ll_allow(rs, library, LL_READ_FILE | LL_EXECUTE, attr.fs);
+    ll_allow(rs, "/etc/ld.so.cache", LL_READ_FILE, attr.fs);
+    const char *dirs[] = { "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib" };
+    for (unsigned i = 0; i < sizeof dirs / sizeof *dirs; i++) ll_allow(rs, dirs[i], lib, attr.fs);
+    long ok = syscall(446 /* landlock_restrict_self */, rs, 0u);
+    close(rs);
+    return ok == 0 ? (int)abi : 0;
+}
+
+#if defined(__x86_64__)
+static int stop_clock(void) { return prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0) == 0; }
+static int reads_tsc(const unsigned char *ip) {
+    return (ip[0] == 0x0f && ip[1] == 0x31) || (ip[0] == 0x0f && ip[1] == 0x01 && ip[2] == 0xf9);
+}
+#else
+static int stop_clock(void) { return 0; }
+#endif
+
+static void say_and_exit(const char *what) {
+    put_str("\nswarmfactory-sandbox: ");
+    put_str(what);
+    put_str("\n");
+    syscall(SYS_exit_group, EXIT_FORBIDDEN);
+}
+
+/* SA_RESETHAND: any other fault re-executes under the default action and kills the process */
+static void on_sigsegv(int sig, siginfo_t *info, void *ctx) {
+    (void)sig; (void)info;
+#if defined(__x86_64__)
+    const ucontext_t *uc = (const ucontext_t *)ctx;
+    const unsigned char *ip = (const unsigned char *)uc->uc_mcontext.gregs[REG_RIP];
+    if (ip && reads_tsc(ip)) say_and_exit("read the time-stamp counter (rdtsc)");
+#else
+    (void)ctx;
+#endif
+}
 
 static void on_sigsys(int sig, siginfo_t *info, void *ctx) {
     (void)sig; (void)ctx;
@@ -215,7 +304,7 @@ static void send_reply(uint32_t status, uint32_t fp_before, uint32_t fp_after, u
     const char *b = (const char *)&r;
     size_t left = sizeof r;
     while (left) {
-        ssize_t n = write(reply_fd, b, left);
+        ssize_t n = write(REPLY_FD, b, left);
         if (n <= 0) { if (n < 0 && errno == EINTR) continue; _exit(3); }
         b += n; left -= (size_t)n;
     }
@@ -226,7 +315,7 @@ static int read_cmd(struct cmd *c) {
     char *b = (char *)c;
     size_t left = sizeof *c;
     while (left) {
-        ssize_t n = read(cmd_fd, b, left);
+        ssize_t n = read(CMD_FD, b, left);
         if (n == 0) return -1;
         if (n < 0) { if (errno == EINTR) continue; return -1; }
         b += n; left -= (size_t)n;
@@ -288,36 +377,61 @@ static inline void mutate(const struct ready *r, uint64_t seed, uint64_t call_in
     }
 }
 
+/* the inherited descriptors, moved to their fixed numbers whatever they arrived as */
+static int fix_fds(int cmd, int reply, int arena_fd) {
+    int tmp[3] = { fcntl(cmd, F_DUPFD_CLOEXEC, 100), fcntl(reply, F_DUPFD_CLOEXEC, 100),
+                   fcntl(arena_fd, F_DUPFD_CLOEXEC, 100) };
+    if (tmp[0] < 0 || tmp[1] < 0 || tmp[2] < 0) return -1;
+    close(cmd); close(reply); close(arena_fd);
+    int want[3] = { CMD_FD, REPLY_FD, ARENA_FD };
+    for (int i = 0; i < 3; i++) {
+        if (dup2(tmp[i], want[i]) != want[i]) return -1;
+        close(tmp[i]);
+    }
+    return 0;
+}
+
+enum { F_SECCOMP_LOAD = 1, F_SECCOMP_SERVE = 2, F_LANDLOCK = 4, F_NO_CLOCK = 8 };
+
 int main(int argc, char **argv) {
     if (argc != 9) { put_str("usage: sf-driver CMD REPLY ARENA BYTES THREADS SECCOMP LIB SYMBOL\n"); return 2; }
-    cmd_fd = atoi(argv[1]);
-    reply_fd = atoi(argv[2]);
-    int arena_fd = atoi(argv[3]);
+    if (fix_fds(atoi(argv[1]), atoi(argv[2]), atoi(argv[3])) != 0) { put_str("sf-driver: bad descriptors\n"); return 2; }
     arena_bytes = strtoull(argv[4], NULL, 10);
     int threads = atoi(argv[5]);
     int want_seccomp = atoi(argv[6]);
-    arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
+    arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ARENA_FD, 0);
     if (arena == MAP_FAILED) { put_str("sf-driver: cannot map the arena\n"); return 2; }
-    close(arena_fd);
+    close(ARENA_FD);
     volatile double keep = sqrt((double)threads);  /* libm is loaded before the candidate */
     (void)keep;
 
-    if (threads < 1) threads = 1;
-    omp_set_num_threads(threads);
-    #pragma omp parallel
-    { volatile int t = omp_get_thread_num(); (void)t; }
-
+    uint64_t flags = 0;
+    if (want_seccomp) {  /* the whole lock-down, or none of it (tests switch it off to probe) */
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) put_str("sf-driver: no_new_privs failed\n");
+        if (lock_files(argv[7])) flags |= F_LANDLOCK;
+        if (stop_clock()) flags |= F_NO_CLOCK;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigsys;
     sa.sa_flags = SA_SIGINFO;
     sigaction(SIGSYS, &sa, NULL);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigsegv;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigaction(SIGSEGV, &sa, NULL);
 
-    uint64_t seccomp = 0;
+    /* the pool is created after the file and clock restrictions, so every thread has them */
+    if (threads < 1) threads = 1;
+    omp_set_num_threads(threads);
+    #pragma omp parallel
+    { volatile int t = omp_get_thread_num(); (void)t; }
+
     if (want_seccomp) {
         if (lock_for_load() != 0) { put_str("sf-driver: seccomp unavailable\n"); }
-        else seccomp = 1;
+        else flags |= F_SECCOMP_LOAD;
     }
+    uint64_t seccomp = flags;
     send_reply(ST_READY, fp_state(), fp_state(), 0, seccomp);  /* before any candidate code */
 
     void *lib = dlopen(argv[7], RTLD_NOW | RTLD_LOCAL);
@@ -328,9 +442,9 @@ int main(int argc, char **argv) {
     }
     kernel_fn fn = (kernel_fn)dlsym(lib, argv[8]);
     if (!fn) { send_reply(ST_NO_SYMBOL, 0, 0, 0, seccomp); return 4; }
-    if (seccomp) {
+    if (flags & F_SECCOMP_LOAD) {
         if (lock_for_serve() != 0) { put_str("sf-driver: seccomp (serve) failed\n"); return 5; }
-        seccomp = 2;
+        seccomp |= F_SECCOMP_SERVE;
     }
     uint32_t fp0 = fp_state();
     send_reply(ST_OK, fp0, fp0, 0, seccomp);

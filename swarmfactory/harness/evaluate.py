@@ -12,6 +12,7 @@ decides the verdict. See docs/architecture.md for the attack classes and what st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -27,13 +28,15 @@ from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool
 from swarmfactory.harness.candidate import CandidateProcess
 from swarmfactory.harness.outcome import Outcome, Rejected, ShapeTiming, Verdict
 from swarmfactory.harness.roofline import measure_roofs, roofline_seconds
+from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
 from swarmfactory.harness.static import check_source
 from swarmfactory.harness.timing import calibrate, geomean, median_ci, sample
-from swarmfactory.harness.verify import check_slot, expected_for, slot_key, verify
+from swarmfactory.harness.verify import slot_key, verify
 from swarmfactory.problems.spec import Case, Problem
 
 ARENA_BUDGET = 1 << 31   # bytes of shared memory one measurement may lay out
+SYNC_SET_BYTES = 64 << 20  # input sets of one shape in sync mode (the baseline gets as many)
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,17 @@ class HarnessConfig:
     rounds: int = 20                 # interleaved rounds per workload shape (MEASURING: >= 20)
     min_effect: float = 0.03         # `faster` needs CI low > 1 + min_effect
     min_sample_ms: float = 1.0       # each timed sample of a baseline lasts at least this long
-    sample_ms: float = 4.0           # a candidate's sample: 1-1.5x this, ended at a random moment
+    sample_ms: float = 3.0           # a candidate's sample: 1-1.5x this, ended at a random moment
     case_timeout_s: float = 10.0     # one verification call; a hang past it is `timed_out`
     measure_cpus: tuple[int, ...] | None = None  # None: every CPU this process may use
     verify_cpus: tuple[int, ...] | None = None
     compile_baselines: bool = True   # also try torch.compile for every baseline
     suspicious_speedup: float = 10.0
     mem_gb: float = 8.0
-    rotate: int = 3                  # input sets per shape while timing fast kernels
-    max_slots: int = 32              # input sets per shape for slow kernels (each called once)
+    rotate: int = 2                  # input sets per shape while timing fast kernels
+    audit: float = 0.3               # share of async samples stopped early at random, only checked
+    refresh: float = 0.01            # share of every input replaced in secret between samples
+    max_slots: int = 16              # input sets per shape for slow kernels (each called once)
     bootstrap_resamples: int = 2000
     static_checks: bool = True       # the source filter: a first, cheap `cheated`
     seccomp: bool = True             # the system-call allow-list (the protection; tests may
@@ -79,6 +84,7 @@ class Harness:
         self.baselines = BaselinePool(self.config.cpus("measure"))
         self._choices: dict[tuple, dict] = {}
         self._roofs: dict | None = None
+        self._exchange_ns: float | None = None
         self.measure_lock = threading.Lock()
 
     # -- stages ---------------------------------------------------------------------------------
@@ -109,7 +115,7 @@ class Harness:
     def measure(self, prep: Prepared) -> Verdict:
         """Interleaved timing against the baseline and the eager reference. One at a time."""
         t0 = time.monotonic()
-        with self.measure_lock:
+        with self.measure_lock, self._off_measure_cpus():
             try:
                 verdict = self._measure(prep)
                 if verdict.speedup and self._implausible(verdict):
@@ -144,6 +150,8 @@ class Harness:
         evidence = dict(rej.evidence)
         if prep.extra.get("isolation"):
             evidence.setdefault("isolation", prep.extra["isolation"])
+        elif rej.stage in ("static", "build"):
+            evidence.setdefault("isolation", "none: the candidate never ran")
         return Verdict(rej.outcome, rej.detail, rej.stage, evidence=evidence,
                        cases_checked=prep.cases_checked, seconds=prep.seconds)
 
@@ -192,6 +200,28 @@ class Harness:
                 self.store.put_roofs(len(cpus), self._roofs)
         return self._roofs
 
+    @contextlib.contextmanager
+    def _off_measure_cpus(self):
+        """This thread (it checks outputs and watches the counter while the candidate runs) keeps
+        off the measurement CPUs where there are others."""
+        own = os.sched_getaffinity(0)
+        others = own - set(self.config.cpus("measure"))
+        if others and others != own:
+            os.sched_setaffinity(0, others)
+        try:
+            yield
+        finally:
+            if others and others != own:
+                os.sched_setaffinity(0, own)
+
+    def exchange_ns(self) -> float:
+        """What one command costs the clock when the kernel does nothing: measured once, with a
+        trusted no-op library in a driver on the measure CPUs (the least of 30 exchanges). A
+        candidate's process cannot influence it, so it is safe to subtract from sync samples."""
+        if self._exchange_ns is None:
+            self._exchange_ns = measure_exchange(self.backend, self.config.cpus("measure"))
+        return self._exchange_ns
+
     def _implausible(self, v: Verdict) -> bool:
         return v.speedup > self.config.suspicious_speedup or self._beyond_roof(v)
 
@@ -205,7 +235,7 @@ class Harness:
         shapes = list(problem.workload)
         roofs = self.roofs() if problem.roofline else None
         rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
-        per_shape = ARENA_BUDGET // max(1, len(shapes))
+        per_shape = min(SYNC_SET_BYTES, ARENA_BUDGET // max(1, len(shapes)))
         total = 0
         for shape in shapes:
             slot_bytes = group_bytes(problem, shape, 1, False)
@@ -215,7 +245,7 @@ class Harness:
         try:
             with self._process(prep.artifact, problem, arena, "measure") as proc:
                 prep.extra.setdefault("isolation", proc.isolation)
-                timer = _CandidateTimer(self, proc, arena, problem, rng, timeout)
+                timer = CandidateTimer(self, proc, arena, problem, rng, timeout)
                 setups = [self._setup_shape(timer, problem, shape, i, per_shape, timeout)
                           for i, shape in enumerate(shapes)]
                 for r in range(cfg.rounds):
@@ -225,7 +255,10 @@ class Harness:
                             order.reverse()
                         for name in order:
                             if name == "candidate":
-                                s["times"][name].append(timer.sample(s, r in (0, cfg.rounds - 1)))
+                                per_call = None
+                                while per_call is None:  # audits are checked, not timed
+                                    per_call = timer.sample(s, r in (0, cfg.rounds - 1))
+                                s["times"][name].append(per_call)
                             else:
                                 w = s["workers"][name]
                                 w.thaw()
@@ -240,7 +273,7 @@ class Harness:
             arena.close()
         return self._verdict(problem, setups, roofs)
 
-    def _setup_shape(self, timer: "_CandidateTimer", problem: Problem, shape, i: int,
+    def _setup_shape(self, timer: CandidateTimer, problem: Problem, shape, i: int,
                      per_shape: int, timeout: float) -> dict:
         cfg = self.config
         choice = self.baseline_for(problem, shape)
@@ -269,6 +302,7 @@ class Harness:
             finally:
                 w.freeze()
         return {"shape": dict(shape), "group": group, "mode": mode, "slots": slots, "choice": choice,
+                "per_call": per_call,
                 "workers": workers, "iters": iters, "times": {"candidate": [], "baseline": [], "reference": []}}
 
     def _verdict(self, problem: Problem, setups: list[dict], roofs: dict | None) -> Verdict:
@@ -310,145 +344,22 @@ class Harness:
         self.baselines.close()
 
 
+NOOP_KERNEL = "void sf_noop(void) {}\n"
+
+
+def measure_exchange(backend, cpus: list[int], n: int = 30) -> float:
+    """Nanoseconds of one command round trip (SIGCONT, one call of a no-op, reply, self-stop,
+    waitpid) with a trusted library: the least of ``n``."""
+    artifact = backend.build(NOOP_KERNEL, "sf_noop")
+    arena = Arena(4096, seed=1)
+    try:
+        arena.write_slot(0, [])
+        with CandidateProcess(artifact.path, "sf_noop", arena, cpus, len(cpus)) as proc:
+            return float(min(proc.batch(0, 1, 1, 0, 10.0, "calibration") for _ in range(n)))
+    finally:
+        arena.close()
+
+
 def _baseline_label(choice: dict) -> str:
     threads = choice.get("threads")
     return f"{choice['name']} ({choice['mode']}{f', {threads} threads' if threads else ''})"
-
-
-class _CandidateTimer:
-    """Lays out a shape's input sets for the candidate and takes its timed samples.
-
-    Fast kernels (>= 64 calls per sample) run in ``async`` mode: calls rotate over a few input
-    sets, one unit of every input replaced before each call, until the trusted side stops the
-    process at a random moment; the driver's call counter must agree with the replayed inputs,
-    and the outputs of every set but the one in flight are checked. Slow kernels run in ``sync``
-    mode: one call on each of up to ``max_slots`` sets, all inputs checked, outputs of a random
-    subset. Outputs are checked in every sample while the reference costs less than the sample,
-    else in a random subset of at least a quarter of them (and always in the first and last
-    round): the candidate cannot know which.
-    """
-
-    def __init__(self, harness: Harness, proc: CandidateProcess, arena: Arena, problem: Problem,
-                 rng: np.random.Generator, timeout: float):
-        self.h, self.proc, self.arena, self.problem, self.rng = harness, proc, arena, problem, rng
-        self.timeout = timeout
-        self.groups: dict[int, SlotGroup] = {}
-        self.next_slot = 0
-        self.check_cost: dict[int, float] = {}
-
-    def _new_group(self, shape, i: int, n: int) -> SlotGroup:
-        donors = self.problem.case_inputs(Case(dict(shape), seed=int(self.rng.integers(1 << 40))))
-        group = SlotGroup(self.arena, self.problem, shape, self.next_slot, n, donors=donors)
-        self.next_slot += n
-        for j in range(n):
-            case = Case(dict(shape), seed=int(self.rng.integers(1 << 40)))
-            group.load(j, self.problem.case_inputs(case))
-        return group
-
-    def add_group(self, shape, i: int, n: int) -> SlotGroup:
-        self.groups[i] = self._new_group(shape, i, n)
-        return self.groups[i]
-
-    def calibrate(self, shape, i: int) -> float:
-        """Nanoseconds per call (an upper bound: it includes the exchange's overhead)."""
-        group = self.add_group(shape, i, self.h.config.rotate)
-        iters, target = group.n, self.h.config.min_sample_ms * 1e6
-        self.proc.batch(group.first, group.n, group.n, int(self.rng.integers(1 << 62)), self.timeout,
-                        "measure (warm-up)")
-        while True:
-            seed = int(self.rng.integers(1 << 62))
-            ns = self.proc.batch(group.first, group.n, iters, seed, self.timeout, "measure (calibration)")
-            self._reload(group)
-            if ns >= target or iters >= 1 << 24:
-                # the least of three: one slow exchange on a busy machine must not pick the mode
-                for _ in range(2):
-                    seed = int(self.rng.integers(1 << 62))
-                    ns = min(ns, self.proc.batch(group.first, group.n, iters, seed, self.timeout,
-                                                 "measure (calibration)"))
-                    self._reload(group)
-                return ns / iters
-            iters = int(-(-max(iters * 2, iters * target / max(ns, 1.0) * 1.2) // group.n) * group.n)
-
-    def _reload(self, group: SlotGroup) -> None:
-        for j in range(group.n):
-            group.load(j, group.inputs(j))
-
-    def sample(self, s: dict, always_check: bool) -> float:
-        group: SlotGroup = s["group"]
-        seed = int(self.rng.integers(1 << 62))
-        where = f"timed {self.problem.shape_label(s['shape'])}"
-        if s["mode"] == "async":
-            seconds = self.h.config.sample_ms * 1e-3 * float(self.rng.uniform(1.0, 1.5))
-            calls, ns = self.proc.run_for(group.first, group.n, seed, seconds, self.timeout, "measure",
-                                          min_calls=4 * group.n)
-            if calls < 1:
-                raise Rejected(Outcome.TIMED_OUT, f"no call completed in {self.timeout:.0f} s of timing "
-                               f"on {where} (calibration measured far less)", "measure")
-            in_flight = calls % group.n
-            idx = np.arange(calls + 1)
-            for j in range(group.n):
-                mine = idx[idx % group.n == j]
-                done = mine[mine < calls]
-                if j == in_flight:
-                    self._check_in_flight(group, j, seed, done, calls, where)
-                    continue
-                group.replay(j, seed, done)
-                self._check(group, j, s, where + f" (set {j}, after {len(done)} calls)", always_check)
-            self.proc.halt(self.timeout, "measure")
-            self._reload(group)
-            return ns / calls
-        ns = self.proc.batch(group.first, group.n, group.n, seed, self.timeout, "measure")
-        checked = set(self.rng.choice(group.n, size=min(2, group.n), replace=False).tolist())
-        for j in range(group.n):
-            group.replay(j, seed, np.array([j]))
-            if j in checked:
-                self._check(group, j, s, where + f" (set {j})", always_check)
-            else:
-                self._check_inputs(group, j, where)
-        for j in range(group.n):
-            group.poison(j)
-        return ns / group.n
-
-    def _check_inputs(self, group: SlotGroup, j: int, where: str) -> None:
-        damage = group.damage(j)
-        if damage:
-            raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", "measure")
-        changed = group.changed_inputs(j)
-        if changed:
-            raise Rejected(Outcome.CHEATED, f"while timed, the inputs of {where} differ from what the "
-                           f"harness wrote (`{changed[0]}` changed: the kernel wrote to an input, or "
-                           "the call counter was forged)", "measure")
-
-    def _check_in_flight(self, group: SlotGroup, j: int, seed: int, done: np.ndarray, calls: int,
-                         where: str) -> None:
-        """The set whose call the stop interrupted: inputs as after ``done`` or one call more;
-        its output may be half written and is not checked."""
-        before = group.replayed(j, seed, done)
-        after = group.replayed(j, seed, np.append(done, calls))
-        for name in before:  # the stop may fall between two inputs' mutations
-            if group.equals(j, name, before[name]):
-                group.copies[j][name] = before[name]
-            elif group.equals(j, name, after[name]):
-                group.copies[j][name] = after[name]
-            else:
-                group.copies[j][name] = before[name]
-                self._check_inputs(group, j, where)
-        damage = group.damage(j)
-        if damage:
-            raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", "measure")
-
-    def _check(self, group: SlotGroup, j: int, s: dict, where: str, always: bool) -> None:
-        self._check_inputs(group, j, where)
-        cost = self.check_cost.get(id(group))
-        sample_s = self.h.config.sample_ms * 1e-3
-        if not always and cost is not None and cost > sample_s:
-            if self.rng.random() > max(0.25, sample_s / cost):
-                return
-        t0 = time.perf_counter()
-        data = expected_for(self.problem, group.inputs(j))
-        try:
-            check_slot(group, j, self.problem, data, where, "measure")
-        except Rejected as rej:
-            raise Rejected(Outcome.CHEATED, "outputs produced while timing are wrong although "
-                           f"verification passed: {rej.detail}", "measure") from None
-        self.check_cost[id(group)] = time.perf_counter() - t0

@@ -171,8 +171,30 @@ class Problem:
         for i, shape in enumerate(self.stress_shapes):
             for j, dist in enumerate(stress_dists):
                 cases.append(Case(dict(shape), seed=500_000 + 1000 * i + j, dist=dist))
+        cases += self.residue_sweep()
         for i, shape in enumerate(self.workload):
             cases.append(Case(dict(shape), seed=777 + i, dist="normal", origin="workload"))
+            # every distribution at the exact timed shapes too: a fast path taken only there
+            # must be as right on special values as any other
+            for j, dist in enumerate(self.dists[1:]):
+                cases.append(Case(dict(shape), seed=880_000 + 100 * i + j, dist=dist, origin="workload"))
+        return cases
+
+    def residue_sweep(self, width: int = 16) -> list[Case]:
+        """Each dimension of the smallest workload shape alone through ``width`` consecutive sizes
+        (in units of the step the dimension always comes in), so every remainder modulo the
+        widest vector (16 fp32 lanes) meets every loop's tail."""
+        import math
+
+        base = min(self.workload, key=lambda sh: math.prod(sh.values()))
+        seen = (*self.workload, *self.edge_shapes, *self.stress_shapes)
+        cases = []
+        for i, dim in enumerate(base):
+            step = math.gcd(*(int(sh[dim]) for sh in seen))
+            for r in range(width, 2 * width):
+                shape = {**dict(base), dim: r * step}
+                if self.valid_shape(shape):
+                    cases.append(Case(shape, seed=900_000 + 100 * i + r, dist=self.dists[0]))
         return cases
 
     def case_inputs(self, case: Case) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-/* expect: crashed — finds the harness's reply pipe from the driver's argv (program_invocation_name) and writes a length-prefixed pickle that would run `touch /tmp/swarmfactory-pwned-forged-reply` in the coordinator (the first harness unpickled its worker's replies), through glibc's __write alias so no text filter sees a write(); the reply channel takes only fixed 32-byte records, so this is a malformed reply */
+/* expect: cheated — finds the harness's reply pipe from the driver's argv (program_invocation_name) and writes a length-prefixed pickle that would run `touch /tmp/swarmfactory-pwned-forged-reply` in the coordinator (the first harness unpickled its worker's replies), through glibc's __write alias so no text filter sees a write(); the driver moves its descriptors to fixed numbers at start, so the argv number is stale and the write is a forbidden system call (were it the reply pipe, it would be a malformed reply: `crashed`) */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>

@@ -32,14 +32,18 @@ def decode(wq, n, k):
     blocks = np.asarray(wq, dtype=np.uint8).reshape(n, k // QK, BLOCK_BYTES)
     d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float64)
     m = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float64)
-    qs = blocks[..., 4:].astype(np.int64)
-    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, k)
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, k).astype(np.int64)
     return q, d, m
 
 
 def dequantise(wq, n, k):
-    q, d, m = decode(wq, n, k)
-    return (q.reshape(n, k // QK, QK) * d[..., None] + m[..., None]).reshape(n, k)
+    blocks = np.asarray(wq, dtype=np.uint8).reshape(n, k // QK, BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float64)
+    m = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float64)
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # uint8: the nibbles, low halves first
+    return (q * d[..., None] + m[..., None]).reshape(n, k)
 
 
 def make_inputs(shape, rng, dist):

@@ -60,9 +60,10 @@ PROBLEM = Problem(
     reference=reference,
     baselines={"F.softmax": baseline_eager},
     eager=eager_by_hand,
-    tolerance=Tolerance(1e-5, 1e-7, "outputs are in [0, 1] with no cancellation; fp32 exp costs "
-                                    "~2 ulp and a reordered sum of up to 5e4 positive terms ~1e-6 "
-                                    "relative; atol only absorbs exp underflow near 1e-38"),
+    tolerance=Tolerance(5e-5, 1e-7, "outputs are in [0, 1] with no cancellation; fp32 exp costs "
+                                    "~2 ulp, and a sum of 5e4-2e5 near-equal positive terms drifts: "
+                                    "torch's own fp32 softmax is off by up to 2.7e-5 relative on "
+                                    "196,608-wide rows; atol only absorbs exp underflow near 1e-38"),
     workload=({"rows": 9, "cols": SCORES}, {"rows": 72, "cols": SCORES},
               {"rows": 1, "cols": VOCAB}, {"rows": 8, "cols": VOCAB}),
     # the first edge shape is the one check_problem probes: softmax of a 1-wide row is constant

@@ -1,0 +1,305 @@
+"""The candidate's timed samples: input sets, per-call mutation, trusted writes, checks.
+
+Fast kernels (>= 64 calls per sample) run in ``async`` mode: calls rotate over a few input sets,
+the driver replacing one unit of every input before each call, until the trusted side stops the
+process at a random moment. While it runs, the trusted side itself writes a fresh unit into a
+random set every ``probe_us`` at a position the candidate cannot know in advance (*probes*): a
+kernel that predicts the driver's mutations and patches its previous outputs misses them, and
+only reading its whole input every call would see them. After the stop the driver's call
+counter must agree with the inputs (the driver's mutations replayed, the probes placed among
+them by the counter values read around each write), and the output of every set whose last call
+saw a known input is checked. An *audit* (a share of the samples, not timed) stops at a random
+call count, watched by the trusted side, so calls faked cheaply early in a run are where it stops.
+
+Slow kernels run in ``sync`` mode: one call on each of up to ``max_slots`` sets, the trusted
+exchange overhead subtracted, guards of all sets and inputs and outputs of a random two checked.
+Between samples a secret share of every set's units is replaced while the process is stopped.
+Outputs are checked in every sample while the reference costs less than the sample, else in a
+random subset of at least a quarter of them (and always in the first and last round).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from swarmfactory.harness.arena import Arena, mutation_indices
+from swarmfactory.harness.candidate import CandidateProcess
+from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.harness.slots import SlotGroup
+from swarmfactory.harness.verify import check_slot, expected_for
+from swarmfactory.problems.spec import NP_DTYPES, Case, Problem
+
+PROBE_US = 100.0
+MIN_CALL_NS = 2.0   # a call, its mutation and the counter update take longer than this
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One trusted write while the candidate ran: the counter before and after it, and where."""
+    before: int
+    after: int
+    slot: int
+    arg: str
+    unit: int
+    value: bytes
+
+
+class CandidateTimer:
+    def __init__(self, harness, proc: CandidateProcess, arena: Arena, problem: Problem,
+                 rng: np.random.Generator, timeout: float):
+        self.h, self.proc, self.arena, self.problem, self.rng = harness, proc, arena, problem, rng
+        self.timeout = timeout
+        self.groups: dict[int, SlotGroup] = {}
+        self.next_slot = 0
+        self.check_cost: dict[int, float] = {}
+
+    # -- layout and calibration ---------------------------------------------------------------
+    def _new_group(self, shape, n: int) -> SlotGroup:
+        donors = self.problem.case_inputs(Case(dict(shape), seed=int(self.rng.integers(1 << 40))))
+        group = SlotGroup(self.arena, self.problem, shape, self.next_slot, n, donors=donors)
+        self.next_slot += n
+        for j in range(n):
+            case = Case(dict(shape), seed=int(self.rng.integers(1 << 40)))
+            group.load(j, self.problem.case_inputs(case))
+        return group
+
+    def add_group(self, shape, i: int, n: int) -> SlotGroup:
+        self.groups[i] = self._new_group(shape, n)
+        return self.groups[i]
+
+    def calibrate(self, shape, i: int) -> float:
+        """Nanoseconds per call (an upper bound: it includes the exchange's overhead)."""
+        group = self.add_group(shape, i, self.h.config.rotate)
+        iters, target = group.n, self.h.config.min_sample_ms * 1e6
+        self.proc.batch(group.first, group.n, group.n, int(self.rng.integers(1 << 62)), self.timeout,
+                        "measure (warm-up)")
+        while True:
+            seed = int(self.rng.integers(1 << 62))
+            ns = self.proc.batch(group.first, group.n, iters, seed, self.timeout, "measure (calibration)")
+            self._reload(group)
+            if ns >= target or iters >= 1 << 24:
+                # the least of three: one slow exchange on a busy machine must not pick the mode
+                for k in range(2):
+                    seed = int(self.rng.integers(1 << 62))
+                    ns = min(ns, self.proc.batch(group.first, group.n, iters, seed, self.timeout,
+                                                 "measure (calibration)"))
+                    if k == 1:  # calibration outputs are checked too: no run is a free pass
+                        idx = np.arange(iters)
+                        for j in range(group.n):
+                            group.replay(j, seed, idx[idx % group.n == j])
+                            self._check(group, j, f"calibration of {self.problem.shape_label(shape)}", True)
+                    self._reload(group)
+                return ns / iters
+            iters = int(-(-max(iters * 2, iters * target / max(ns, 1.0) * 1.2) // group.n) * group.n)
+
+    # -- secret changes between samples and during runs ------------------------------------------
+    def _mutated_args(self, group: SlotGroup) -> list:
+        return [a for a in self.problem.args if a.kind == "in" and a.name in group.donors]
+
+    @staticmethod
+    def _units(array: np.ndarray, arg) -> np.ndarray:
+        item = np.dtype(NP_DTYPES[arg.dtype]).itemsize * arg.block
+        return array.reshape(-1).view(np.uint8).reshape(-1, item)
+
+    def _reload(self, group: SlotGroup) -> None:
+        """Every set back into the arena from the trusted copies, a secret share of its units
+        replaced first (a kernel that carries state from run to run misses these)."""
+        for j in range(group.n):
+            self._refresh(group, j)
+            group.load(j, group.inputs(j))
+
+    def _refresh(self, group: SlotGroup, j: int) -> None:
+        for a in self._mutated_args(group):
+            units = self._units(group.copies[j][a.name], a)
+            donor = self._units(group.donors[a.name][1], a)
+            k = int(min(len(units), max(2, self.h.config.refresh * len(units))))
+            units[self.rng.integers(0, len(units), k)] = donor[self.rng.integers(0, len(donor), k)]
+
+    def _prober(self, group: SlotGroup, log: list[Probe]):
+        args = self._mutated_args(group)
+        counter = self.arena.counter_view()
+
+        def probe() -> None:
+            j = int(self.rng.integers(group.n))
+            a = args[int(self.rng.integers(len(args)))]
+            donor = self._units(group.donors[a.name][1], a)
+            value = donor[int(self.rng.integers(len(donor)))]
+            buf = group.bufs[j][a.name]
+            u = int(self.rng.integers(buf.nbytes // value.size))
+            before = int(counter[0])
+            self.arena.bytes[buf.offset + u * value.size: buf.offset + (u + 1) * value.size] = value
+            log.append(Probe(before, int(counter[0]), j, a.name, u, value.tobytes()))
+
+        return probe if args else None
+
+    # -- samples --------------------------------------------------------------------------------
+    def sample(self, s: dict, always_check: bool) -> float | None:
+        """One sample's nanoseconds per call; None for an audit (checked, not timed)."""
+        group: SlotGroup = s["group"]
+        seed = int(self.rng.integers(1 << 62))
+        where = f"timed {self.problem.shape_label(s['shape'])}"
+        if s["mode"] == "async":
+            return self._async(group, s, seed, where, always_check)
+        return self._sync(group, seed, where, always_check)
+
+    def _async(self, group: SlotGroup, s: dict, seed: int, where: str, always_check: bool) -> float | None:
+        audit = bool(self.rng.random() < self.h.config.audit)
+        seconds = self.h.config.sample_ms * 1e-3 * float(self.rng.uniform(1.0, 1.5))
+        stop_at = None
+        if audit:
+            expected = max(2, int(seconds * 1e9 / max(s["per_call"], 1.0)))
+            stop_at = int(self.rng.integers(1, expected + 1))
+        probes: list[Probe] = []
+        calls, ns = self.proc.run_for(group.first, group.n, seed, seconds, self.timeout, "measure",
+                                      min_calls=1 if audit else 4 * group.n, stop_at_calls=stop_at,
+                                      probe=self._prober(group, probes), probe_every=PROBE_US * 1e-6)
+        if calls < 1:
+            raise Rejected(Outcome.TIMED_OUT, f"no call completed in {self.timeout:.0f} s of timing "
+                           f"on {where} (calibration measured far less)", "measure")
+        if calls > ns / MIN_CALL_NS:
+            self.proc.kill()
+            raise Rejected(Outcome.CHEATED, f"the driver's call counter claims {calls} calls in "
+                           f"{ns / 1e6:.2f} ms on {where}, more than one per {MIN_CALL_NS:g} ns: "
+                           "the counter was forged", "measure")
+        for j in range(group.n):
+            self._check_async_set(group, j, seed, calls, [p for p in probes if p.slot == j],
+                                  f"{where} (set {j}, {calls} calls)", always_check)
+        self.proc.halt(self.timeout, "measure")
+        self._reload(group)
+        return None if audit else ns / calls
+
+    def _check_async_set(self, group: SlotGroup, j: int, seed: int, calls: int, probes: list[Probe],
+                         where: str, always_check: bool) -> None:
+        """Set ``j`` after a run of ``calls`` completed calls, the probes on it in order.
+
+        Its final inputs must be the driver's mutations and the probes applied in counter order
+        (the call in flight at the stop, if it is this set's, may or may not have mutated yet).
+        Its output is checked when its last completed call saw a known input: no probe on it was
+        under way during that call, and none collided with a mutation within its counter window."""
+        n = group.n
+        mine = np.arange(j, calls + 1, n)
+        done = mine[mine < calls]
+        in_flight = calls % n == j
+        ambiguous = any(self._collides(group, seed, p, mine) for p in probes)
+        last = int(done[-1]) if len(done) else None
+        base = {k: v.copy() for k, v in group.copies[j].items()}
+
+        def state(upto: int, visible) -> dict[str, np.ndarray]:
+            arrays = {k: v.copy() for k, v in base.items()}
+            idx = mine[mine <= upto]
+            applied = 0
+            for p in sorted((p for p in probes if visible(p)), key=lambda p: p.before):
+                seg = idx[applied:][idx[applied:] < p.before]
+                self._replay_into(group, arrays, seed, seg)
+                applied += len(seg)
+                arg = next(a for a in self.problem.args if a.name == p.arg)
+                self._units(arrays[p.arg], arg)[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
+            self._replay_into(group, arrays, seed, idx[applied:])
+            return arrays
+
+        final = [state(calls - 1, lambda p: True)]
+        if in_flight:
+            final.append(state(calls, lambda p: True))
+        for name in final[0]:
+            options = [f[name] for f in final]
+            match = next((o for o in options if group.equals(j, name, o)), None)
+            if match is None:
+                arg = next(a for a in self.problem.args if a.name == name)
+                now = group.arena.read(group.bufs[j][name]).view(NP_DTYPES[arg.dtype]).reshape(options[0].shape)
+                if ambiguous or (in_flight and self._torn(group, seed, calls, arg, options[0], now)):
+                    match = now.copy()  # a race the counter cannot order: take what is there
+                else:
+                    group.copies[j] = {**group.copies[j], name: options[0]}
+                    self._check_inputs(group, j, where)
+            group.copies[j][name] = match
+        damage = group.damage(j)
+        if damage:
+            raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", "measure")
+        if in_flight or last is None or ambiguous:
+            return
+        if any(p.before <= last <= p.after for p in probes):
+            return  # a probe landed during the call that wrote this output
+        seen = state(last, lambda p: p.after < last)
+        inputs = {**seen, **{k: v for k, v in group.inputs(j).items() if k not in seen}}
+        self._check_outputs(group, j, inputs, where, always_check)
+
+    def _torn(self, group: SlotGroup, seed: int, calls: int, arg, expected: np.ndarray,
+              now: np.ndarray) -> bool:
+        """Does ``now`` differ from ``expected`` only inside the unit the in-flight call's
+        mutation was copying when the stop came (a multi-byte unit caught half written)?"""
+        rank = [a.name for a in self._mutated_args(group)].index(arg.name)
+        units_now, units_exp = self._units(now.copy(), arg), self._units(expected, arg)
+        dst, _ = mutation_indices(seed, np.array([calls]), rank, len(units_exp),
+                                  len(self._units(group.donors[arg.name][1], arg)))
+        differ = np.flatnonzero((units_now != units_exp).any(axis=1))
+        return len(differ) == 1 and int(differ[0]) == int(dst[0])
+
+    def _collides(self, group: SlotGroup, seed: int, p: Probe, mine: np.ndarray) -> bool:
+        """Did a driver mutation within the probe's counter window hit the probe's unit?"""
+        window = mine[(mine >= p.before) & (mine <= p.after)]
+        if not len(window):
+            return False
+        rank = [a.name for a in self._mutated_args(group)].index(p.arg)
+        arg = next(a for a in self.problem.args if a.name == p.arg)
+        count = len(self._units(group.copies[p.slot][p.arg], arg))
+        donor_count = len(self._units(group.donors[p.arg][1], arg))
+        dst, _ = mutation_indices(seed, window, rank, count, donor_count)
+        return bool((dst == p.unit).any())
+
+    def _replay_into(self, group: SlotGroup, arrays: dict, seed: int, calls: np.ndarray) -> None:
+        if not len(calls):
+            return
+        from swarmfactory.harness.arena import replay
+
+        for rank, a in enumerate(self._mutated_args(group)):
+            replay(self._units(arrays[a.name], a), self._units(group.donors[a.name][1], a), seed, calls, rank)
+
+    def _sync(self, group: SlotGroup, seed: int, where: str, always_check: bool) -> float:
+        for j in range(group.n):
+            self._refresh(group, j)
+            group.load(j, group.inputs(j))
+        ns = self.proc.batch(group.first, group.n, group.n, seed, self.timeout, "measure")
+        ns = max(ns - 0.8 * self.h.exchange_ns(), 0.5 * ns)
+        checked = set(self.rng.choice(group.n, size=min(2, group.n), replace=False).tolist())
+        for j in range(group.n):
+            group.replay(j, seed, np.array([j]))
+            if j in checked:
+                self._check(group, j, where + f" (set {j})", always_check)
+            else:
+                damage = group.damage(j)
+                if damage:
+                    raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", "measure")
+        return ns / group.n
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _check_inputs(self, group: SlotGroup, j: int, where: str) -> None:
+        damage = group.damage(j)
+        if damage:
+            raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", "measure")
+        changed = group.changed_inputs(j)
+        if changed:
+            raise Rejected(Outcome.CHEATED, f"while timed, the inputs of {where} differ from what the "
+                           f"harness wrote (`{changed[0]}` changed: the kernel wrote to an input, or "
+                           "the call counter was forged)", "measure")
+
+    def _check(self, group: SlotGroup, j: int, where: str, always: bool) -> None:
+        self._check_inputs(group, j, where)
+        self._check_outputs(group, j, group.inputs(j), where, always)
+
+    def _check_outputs(self, group: SlotGroup, j: int, inputs: dict, where: str, always: bool) -> None:
+        cost = self.check_cost.get(id(group))
+        sample_s = self.h.config.sample_ms * 1e-3
+        if not always and cost is not None and cost > sample_s:
+            if self.rng.random() > max(0.25, sample_s / cost):
+                return
+        t0 = time.perf_counter()
+        data = expected_for(self.problem, inputs)
+        try:
+            check_slot(group, j, self.problem, data, where, "measure", check_inputs=False)
+        except Rejected as rej:
+            raise Rejected(Outcome.CHEATED, "outputs produced while timing are wrong although "
+                           f"verification passed: {rej.detail}", "measure") from None
+        self.check_cost[id(group)] = time.perf_counter() - t0
