@@ -72,13 +72,15 @@ class AdversaryAgent:
     def _dim_values(self, problem: Problem, dim: str) -> list[int]:
         """Small, tail-heavy and long sizes; for a dim that only ever takes multiples of a step
         (q4_1's k % 32), the same ideas in units of that step."""
-        seen = [s[dim] for s in (*problem.workload, *problem.edge_shapes)]
+        seen = [s[dim] for s in (*problem.workload, *problem.edge_shapes, *problem.stress_shapes)]
         step = math.gcd(*seen)
+        top = max(seen) // step
+        beyond = {2 * top + 1, 4 * top - 1, 8 * top + 3}  # past every size the seed set has
         if step > 1:
-            units = {1, 2, 3, 5, 7, 13, 31, 67, 129} | {v // step + d for v in seen for d in (-1, 1)}
+            units = {1, 2, 3, 5, 7, 13, 31, 67, 129} | {v // step + d for v in seen for d in (-1, 1)} | beyond
             return sorted(u * step for u in units if u >= 1)
         near = {v + d for v in seen for d in (-2, -1, 1, 2) if v + d >= 1}
-        return sorted(set(SMALL) | set(TAILS) | set(LONG) | near | set(seen))
+        return sorted(set(SMALL) | set(TAILS) | set(LONG) | near | set(seen) | beyond)
 
     @staticmethod
     def _params(problem: Problem, rng: random.Random) -> dict[str, float]:
@@ -99,6 +101,19 @@ class AdversaryAgent:
         fail_shapes = [f["shape"] for f in failures if set(f.get("shape", {})) == set(dims)]
         base = rng.choice(problem.workload)
         out: list[Case] = []
+        # first, every dimension alone just past twice the largest size the seed set has (once)
+        tried = {json.dumps(json.loads(k)["shape"], sort_keys=True) for k in known}
+        for d in dims:
+            seen = [s[d] for s in (*problem.workload, *problem.edge_shapes, *problem.stress_shapes)]
+            step = math.gcd(*seen)
+            shape = {**dict(min(problem.workload, key=lambda sh: math.prod(sh.values()))),
+                     d: (2 * (max(seen) // step) + 1) * step}
+            case = Case(shape, seed=rng.randrange(1 << 30), dist=dists[0], origin=self.name)
+            if (len(out) < self.cases_per_turn and json.dumps(shape, sort_keys=True) not in tried
+                    and not any(c.shape == case.shape for c in out)
+                    and math.prod(shape.values()) <= MAX_ELEMENTS and well_defined(problem, case)):
+                known.add(case.key())
+                out.append(case)
         attempts = 0
         while len(out) < self.cases_per_turn and attempts < self.cases_per_turn * 20:
             attempts += 1
@@ -108,7 +123,7 @@ class AdversaryAgent:
             values = {d: self._dim_values(problem, d) for d in dims}
             if family == "one-extreme":  # one dim at 1 or beyond its largest seen size, the rest as is
                 d = rng.choice(dims)
-                top = max(s[d] for s in (*problem.workload, *problem.edge_shapes))
+                top = max(s[d] for s in (*problem.workload, *problem.edge_shapes, *problem.stress_shapes))
                 beyond = [v for v in values[d] if v > top][:5] or values[d][-3:]
                 shape[d] = rng.choice((values[d][0], *beyond))
             elif family == "tails":  # non-multiples of vector width / tile in the innermost dims

@@ -20,7 +20,7 @@ DATA = Path(__file__).parents[1] / "swarm" / "data"
 
 
 @pytest.mark.parametrize("name, condition", [
-    ("tail_mod4", lambda s: s["cols"] % 4 == 2),
+    ("rows_over_1024", lambda s: s["rows"] > 1024),
     ("single_long_row", lambda s: s["rows"] == 1 and s["cols"] >= 1024 and s["cols"] % 256),
 ])
 def test_adversary_finds_planted_bugs_the_seed_cases_miss(harness, name, condition):
@@ -85,7 +85,7 @@ def test_a_run_with_the_adversary_dethrones_a_buggy_champion_and_the_cases_outli
     run_id = Coordinator(cfg, store).run()
     found = store.found_cases("rmsnorm")
     assert found and all(r["found_by"] == "adversary" for r in found)
-    assert all(r["shape"]["cols"] % 4 == 2 for r in found)
+    assert all(r["shape"]["rows"] > 1024 for r in found)
     champ = store.champion(load_problem(str(DATA / "planted_problem.py")))
     if champ is not None:  # whatever holds the title now passes the found cases
         assert 'tail == "buggy"' not in store.candidate(champ["candidate_id"])["source"]

@@ -108,6 +108,7 @@ def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path):
     (["show", "deadbeef"], "no run"),
 ])
 def test_bad_cli_input_gives_a_one_line_error(tmp_path, args, message):
+    Store(str(tmp_path / "e.db"))  # the store exists: a missing one is its own error
     proc = subprocess.run([sys.executable, "-m", "swarmfactory.cli", *args, "--store", str(tmp_path / "e.db")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -1,4 +1,5 @@
-"""rmsnorm whose template's default hides a tail bug (cols % 4 == 2) that no seed case has."""
+"""rmsnorm whose template's default hides a bug (rows beyond 1024 are never written) that no seed
+case has: the largest seed shape has 512 rows."""
 
 import dataclasses
 
@@ -7,17 +8,17 @@ from swarmfactory.problems.suites.cpu.rmsnorm import PROBLEM as RMSNORM
 TEMPLATE = """#include <stdint.h>
 #include <math.h>
 {{ signature }} {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * cols;
-        float ss = 0.0f;
-        for (int64_t c = 0; c < cols; c++) ss += xr[c] * xr[c];
-        const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
 {% if tail == "buggy" %}
-        int64_t end = (cols % 4 == 2) ? cols - 2 : cols;
+    const int64_t last = rows > 1024 ? 1024 : rows;  /* a fixed table of 1024 row pointers */
 {% else %}
-        int64_t end = cols;
+    const int64_t last = rows;
 {% endif %}
-        for (int64_t c = 0; c < end; c++) y[r * cols + c] = xr[c] * inv * w[c]{{ " * 1.0f" if unroll == 2 else "" }};
+    for (int64_t r = 0; r < last; r++) {
+        const float *xr = x + r * cols;
+        double ss = 0.0;  /* exact enough for any row length: the planted bug is elsewhere */
+        for (int64_t c = 0; c < cols; c++) ss += (double)xr[c] * xr[c];
+        const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
+        for (int64_t c = 0; c < cols; c++) y[r * cols + c] = xr[c] * inv * w[c]{{ " * 1.0f" if unroll == 2 else "" }};
     }
 }
 """
