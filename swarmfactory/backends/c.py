@@ -1,4 +1,4 @@
-"""C backend: gcc (or $CC) with -O3 -march=native -fopenmp, loaded with ctypes.
+"""C backend: gcc (or $CC) with -O3 -march=native (or the masked level) -fopenmp, loaded with ctypes.
 
 Builds are cached by a key over the source, the flags, the compiler's version and the CPU, so the
 same candidate is compiled once per machine. The compiler runs in a subprocess with a timeout and
@@ -17,9 +17,12 @@ from functools import cache
 from pathlib import Path
 
 from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError
-from swarmfactory.hardware import cpu_fingerprint
+from swarmfactory.hardware import cpu_fingerprint, march_flags
 
-DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11")
+def default_flags() -> tuple[str, ...]:
+    """-O3, the target this machine allows (-march=native, or the level SWARMFACTORY_CPU_MASK
+    emulates), OpenMP, GNU C11."""
+    return ("-O3", *march_flags(), "-fopenmp", "-std=gnu11")
 BUILD_TIMEOUT_S = 120
 
 
@@ -68,7 +71,7 @@ class CBackend(Backend):
         ``checks``: what the compiler produced (the preprocessed source, the assembly) is
         inspected by ``harness.static``; a forbidden construct raises CheatError and the
         library is not cached."""
-        flags = tuple(flags or DEFAULT_FLAGS)
+        flags = tuple(flags or default_flags())
         key = hashlib.sha256("\0".join([source, " ".join(flags), self.versions()["cc_version"],
                                         cpu_fingerprint()["id"], symbol, prototype or "",
                                         "checked" if checks else ""]).encode()).hexdigest()[:24]

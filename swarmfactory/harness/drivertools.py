@@ -55,18 +55,24 @@ def _cache_dir() -> Path:
 
 
 @cache
-def driver_path() -> str:
-    """The driver, compiled once per compiler and source (portable flags: it runs no SIMD)."""
+def _driver_key_parts() -> tuple[str, str, str]:
     from swarmfactory.backends.c import CBackend
 
     cc = CBackend()
-    src = DRIVER_SOURCE.read_text()
-    key = hashlib.sha256((src + cc.versions()["cc_version"]).encode()).hexdigest()[:16]
+    return DRIVER_SOURCE.read_text(), cc.cc, cc.versions()["cc_version"]
+
+
+def driver_path() -> str:
+    """The driver, compiled once per compiler and source (portable flags: it runs no SIMD)."""
+    src, cc_path, cc_version = _driver_key_parts()
+    key = hashlib.sha256((src + cc_version).encode()).hexdigest()[:16]
     out = _cache_dir() / f"sf-driver-{key}"
+    if out.exists():  # checked every time: a cleared build cache must not leave a stale path
+        return str(out)
     with _BUILD_LOCK:
         if not out.exists():
             tmp = out.with_suffix(f".tmp{os.getpid()}")
-            proc = subprocess.run([cc.cc, "-O2", "-fopenmp", "-o", str(tmp), str(DRIVER_SOURCE),
+            proc = subprocess.run([cc_path, "-O2", "-fopenmp", "-o", str(tmp), str(DRIVER_SOURCE),
                                    "-Wl,--no-as-needed", "-lm", "-ldl"],
                                   capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:

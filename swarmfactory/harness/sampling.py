@@ -79,7 +79,7 @@ class CandidateTimer:
         while True:
             seed = int(self.rng.integers(1 << 62))
             ns = self.proc.batch(group.first, group.n, iters, seed, self.timeout, "measure (calibration)")
-            self._reload(group)
+            self._rewrite(group)
             if ns >= target or iters >= 1 << 24:
                 # the least of three: one slow exchange on a busy machine must not pick the mode
                 for k in range(2):
@@ -91,7 +91,8 @@ class CandidateTimer:
                         for j in range(group.n):
                             group.replay(j, seed, idx[idx % group.n == j])
                             self._check(group, j, f"calibration of {self.problem.shape_label(shape)}", True)
-                    self._reload(group)
+                    self._rewrite(group)
+                self._reload(group)
                 return ns / iters
             iters = int(-(-max(iters * 2, iters * target / max(ns, 1.0) * 1.2) // group.n) * group.n)
 
@@ -105,18 +106,29 @@ class CandidateTimer:
         return array.reshape(-1).view(np.uint8).reshape(-1, item)
 
     def _reload(self, group: SlotGroup) -> None:
-        """Every set back into the arena from the trusted copies, a secret share of its units
-        replaced first (a kernel that carries state from run to run misses these)."""
+        """Between samples: a secret share of every set's units replaced, in the trusted copy and
+        the arena alike (a kernel that carries state from run to run misses these); outputs
+        poisoned. The arena already equals the copies (the checks saw to it)."""
         for j in range(group.n):
             self._refresh(group, j)
-            group.load(j, group.inputs(j))
+            group.poison(j)
+
+    def _rewrite(self, group: SlotGroup, only: int | None = None) -> None:
+        """The trusted copies back into the arena (after a batch whose mutations were not replayed)."""
+        for j in range(group.n) if only is None else (only,):
+            for name, arr in group.copies[j].items():
+                group.arena.write(group.bufs[j][name], arr)
 
     def _refresh(self, group: SlotGroup, j: int) -> None:
         for a in self._mutated_args(group):
             units = self._units(group.copies[j][a.name], a)
             donor = self._units(group.donors[a.name][1], a)
             k = int(min(len(units), max(2, self.h.config.refresh * len(units))))
-            units[self.rng.integers(0, len(units), k)] = donor[self.rng.integers(0, len(donor), k)]
+            at = self.rng.integers(0, len(units), k)
+            units[at] = donor[self.rng.integers(0, len(donor), k)]
+            arena = self._units(group.arena.bytes[group.bufs[j][a.name].offset:
+                                                   group.bufs[j][a.name].offset + group.bufs[j][a.name].nbytes], a)
+            arena[at] = units[at]
 
     def _prober(self, group: SlotGroup, log: list[Probe]):
         args = self._mutated_args(group)
@@ -168,6 +180,8 @@ class CandidateTimer:
             self._check_async_set(group, j, seed, calls, [p for p in probes if p.slot == j],
                                   f"{where} (set {j}, {calls} calls)", always_check)
         self.proc.halt(self.timeout, "measure")
+        # halting lets the call in flight finish, mutation included: its set goes back as checked
+        self._rewrite(group, only=calls % group.n)
         self._reload(group)
         return None if audit else ns / calls
 
@@ -223,7 +237,7 @@ class CandidateTimer:
         if any(p.before <= last <= p.after for p in probes):
             return  # a probe landed during the call that wrote this output
         seen = state(last, lambda p: p.after < last)
-        inputs = {**seen, **{k: v for k, v in group.inputs(j).items() if k not in seen}}
+        inputs = {**group.inputs(j, copy=False), **seen}
         self._check_outputs(group, j, inputs, where, always_check)
 
     def _torn(self, group: SlotGroup, seed: int, calls: int, arg, expected: np.ndarray,
@@ -258,9 +272,12 @@ class CandidateTimer:
             replay(self._units(arrays[a.name], a), self._units(group.donors[a.name][1], a), seed, calls, rank)
 
     def _sync(self, group: SlotGroup, seed: int, where: str, always_check: bool) -> float:
+        # a secret refresh of a random few sets (which ones, the kernel cannot know, and the two
+        # checked are drawn after the batch); every output poisoned
+        for j in self.rng.choice(group.n, size=min(group.n, 4), replace=False):
+            self._refresh(group, int(j))
         for j in range(group.n):
-            self._refresh(group, j)
-            group.load(j, group.inputs(j))
+            group.poison(j)
         ns = self.proc.batch(group.first, group.n, group.n, seed, self.timeout, "measure")
         ns = max(ns - 0.8 * self.h.exchange_ns(), 0.5 * ns)
         checked = set(self.rng.choice(group.n, size=min(2, group.n), replace=False).tolist())
@@ -287,7 +304,7 @@ class CandidateTimer:
 
     def _check(self, group: SlotGroup, j: int, where: str, always: bool) -> None:
         self._check_inputs(group, j, where)
-        self._check_outputs(group, j, group.inputs(j), where, always)
+        self._check_outputs(group, j, group.inputs(j, copy=False), where, always)
 
     def _check_outputs(self, group: SlotGroup, j: int, inputs: dict, where: str, always: bool) -> None:
         cost = self.check_cost.get(id(group))

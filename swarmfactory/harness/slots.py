@@ -111,9 +111,11 @@ class SlotGroup:
         return {a.name: self.arena.view(self.bufs[i][a.name], NP_DTYPES[a.dtype], self.out_shapes[a.name]).copy()
                 for a in self.problem.outputs}
 
-    def inputs(self, i: int) -> dict:
-        """The trusted copy of slot ``i``'s inputs (after any replayed mutations), with scalars."""
-        return {**{k: v.copy() for k, v in self.copies[i].items()}, **self.scalars[i]}
+    def inputs(self, i: int, copy: bool = True) -> dict:
+        """The trusted copy of slot ``i``'s inputs (after any replayed mutations), with scalars;
+        ``copy=False`` for a read-only look (no array may then be changed)."""
+        arrays = {k: v.copy() for k, v in self.copies[i].items()} if copy else dict(self.copies[i])
+        return {**arrays, **self.scalars[i]}
 
     def replay(self, i: int, seed: int, calls: np.ndarray) -> None:
         """Apply to the trusted copy of slot ``i`` the mutations the driver made on ``calls``."""
