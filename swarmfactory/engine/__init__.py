@@ -1,7 +1,18 @@
-"""A compact Llama-family inference engine for GGUF checkpoints (see docs/engine.md)."""
+"""A compact Llama-family inference engine for GGUF checkpoints (see docs/engine.md).
 
-from .config import EngineConfig
-from .engine import Completion, Engine, RequestError
-from .sequence import SamplingParams
+The names below load on first use, so ``swarmfactory.engine.cli`` (and ``swarmfactory engine
+--help``) start without importing torch.
+"""
+
+from importlib import import_module
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "Completion", "RequestError"]
+
+_WHERE = {"Engine": ".engine", "Completion": ".engine", "RequestError": ".engine",
+          "EngineConfig": ".config", "SamplingParams": ".sequence"}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,7 +65,13 @@ def _engine(cfg, debug: bool = False):
     return eng
 
 
-WEIGHTS_HELP = "weight format: fp32, bf16 or q4_1"
+def _default(field: str):
+    from .config import EngineConfig
+
+    return EngineConfig.model_fields[field].default
+
+
+WEIGHTS_HELP = f"weight format: fp32, bf16 or q4_1 (default {_default('weights')})"
 
 
 @app.command()
@@ -74,8 +80,8 @@ def serve(
     weights: Optional[str] = typer.Option(None, help=WEIGHTS_HELP),
     host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
     port: int = typer.Option(8000, min=0, max=65535),
-    max_batch: Optional[int] = typer.Option(None, help="sequences decoded together"),
-    max_seq_len: Optional[int] = typer.Option(None, help="context length per sequence"),
+    max_batch: Optional[int] = typer.Option(None, help=f"sequences decoded together (default {_default('max_batch')})"),
+    max_seq_len: Optional[int] = typer.Option(None, help=f"context length per sequence (default {_default('max_seq_len')})"),
     threads: Optional[int] = typer.Option(None, help="torch threads (0: one per core)"),
     kernel: list[str] = typer.Option([], help="OP=KERNEL, e.g. lm_head=dense (repeatable)"),
     config: Optional[Path] = typer.Option(None, "--config", help="EngineConfig YAML file"),
@@ -180,6 +186,7 @@ def bench(
     model: Optional[str] = typer.Option(None, help="model name to send (default: first of /v1/models)"),
     api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
+    debug: bool = typer.Option(False, help="show tracebacks"),
 ):
     """Measure a server: output tok/s, request/s, TTFT, TPOT, ITL at fixed concurrency levels."""
     import httpx
@@ -203,8 +210,13 @@ def bench(
                   f"TTFT {res.ttft_ms_median:.0f} ms, TPOT {res.tpot_ms_median:.1f} ms, errors {res.errors}",
                   highlight=False)
 
-    result = bench_sync(url, levels, input_len=input_len, output_len=output_len, num_prompts=num_prompts,
-                        seed=seed, warmup=warmup, model=model, api_key=api_key, on_level=progress)
+    try:
+        result = bench_sync(url, levels, input_len=input_len, output_len=output_len, num_prompts=num_prompts,
+                            seed=seed, warmup=warmup, model=model, api_key=api_key, on_level=progress)
+    except Exception as e:  # a server that fails mid-benchmark: one line (tracebacks with --debug)
+        if debug:
+            raise
+        _fail(f"benchmark against {url} failed: {type(e).__name__}: {e}")
     if json_out:
         print(json.dumps(result))
         return

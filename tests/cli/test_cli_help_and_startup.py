@@ -93,3 +93,23 @@ def test_problems_listing_counts_valid_configurations():
     assert rows["attention_decode"]["design_space"] == valid
     table = sf("problems", env={"COLUMNS": "200"}).stdout
     assert f"{valid} valid of {rows['attention_decode']['design_space_total']} configs" in table
+
+
+@pytest.mark.parametrize("args", [["engine"], ["engine", "--help"], ["engine", "serve", "--help"],
+                                  ["engine", "bench", "--help"]])
+def test_engine_help_loads_no_torch(args):
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+    loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert not [m for m in loaded if m.split(".")[0] in ("torch", "numpy")], loaded
+
+
+def test_engine_help_shows_the_config_defaults_and_debug():
+    from swarmfactory.engine.config import EngineConfig
+
+    serve = _help("engine", "serve")
+    fields = EngineConfig.model_fields
+    for field in ("weights", "max_batch", "max_seq_len"):
+        assert f"(default {fields[field].default})" in serve, field
+    for cmd in ("serve", "generate", "calibrate", "bench"):
+        assert "--debug" in _help("engine", cmd), cmd
