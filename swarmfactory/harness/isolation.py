@@ -148,6 +148,18 @@ class Containment:
                 time.sleep(0.01)
 
 
+@cache
+def landlock_abi() -> int:
+    """The Landlock ABI version this kernel offers (0: none): the driver's file-system limits."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return max(0, int(libc.syscall(444, None, 0, 1)))  # landlock_create_ruleset(VERSION)
+    except (OSError, AttributeError):
+        return 0
+
+
 def seccomp_state(pid: int) -> tuple[int, int]:
     """(Seccomp mode, number of filters) of ``pid`` as the kernel reports them; (0, 0) if unknown."""
     mode = filters = 0
