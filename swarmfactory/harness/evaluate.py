@@ -45,6 +45,7 @@ class HarnessConfig:
     min_effect: float = 0.03         # `faster` needs CI low > 1 + min_effect
     min_sample_ms: float = 1.0       # each timed sample of a baseline lasts at least this long
     sample_ms: float = 2.0           # a candidate's sample: 1-1.5x this, ended at a random moment
+    max_window_ms: float = 20.0      # longer, to hold 64 calls; kernels slower than that go sync
     case_timeout_s: float = 10.0     # one verification call; a hang past it is `timed_out`
     measure_cpus: tuple[int, ...] | None = None  # None: every CPU this process may use
     verify_cpus: tuple[int, ...] | None = None
@@ -284,7 +285,8 @@ class Harness:
         choice = self.baseline_for(problem, shape)
         per_call = timer.calibrate(shape, i)
         sample_ns = cfg.sample_ms * 1e6
-        if per_call * 64 <= sample_ns:
+        window_ns = max(sample_ns, 64 * per_call)  # >= 64 calls: the call in flight is noise
+        if window_ns <= cfg.max_window_ms * 1e6:
             group, mode = timer.groups[i], "async"
         else:
             slot_bytes = group_bytes(problem, shape, 1, False)
@@ -307,7 +309,7 @@ class Harness:
             finally:
                 w.freeze()
         return {"shape": dict(shape), "group": group, "mode": mode, "slots": slots, "choice": choice,
-                "per_call": per_call,
+                "per_call": per_call, "window_s": window_ns * 1e-9,
                 "workers": workers, "iters": iters, "times": {"candidate": [], "baseline": [], "reference": []}}
 
     def _verdict(self, problem: Problem, setups: list[dict], roofs: dict | None) -> Verdict:

@@ -1,6 +1,6 @@
 """The candidate's timed samples: input sets, per-call mutation, trusted writes, checks.
 
-Fast kernels (>= 64 calls per sample) run in ``async`` mode: calls rotate over a few input sets,
+Kernels up to ~300 us a call (64 calls in at most a 20 ms window) run in ``async`` mode: calls rotate over a few input sets,
 the driver replacing one unit of every input before each call, until the trusted side stops the
 process at a random moment. While it runs, the trusted side itself writes a fresh unit into a
 random set every ``probe_us`` at a position the candidate cannot know in advance (*probes*): a
@@ -11,7 +11,7 @@ them by the counter values read around each write), and the output of every set 
 saw a known input is checked. An *audit* (a share of the samples, not timed) stops at a random
 call count, watched by the trusted side, so calls faked cheaply early in a run are where it stops.
 
-Slow kernels run in ``sync`` mode: one call on each of up to ``max_slots`` sets, the trusted
+Slower kernels run in ``sync`` mode: one call on each of up to ``max_slots`` sets, the trusted
 exchange overhead subtracted, guards of all sets and inputs and outputs of a random two checked.
 Between samples a secret share of every set's units is replaced while the process is stopped.
 Outputs are checked in every sample while the reference costs less than the sample, else in a
@@ -159,7 +159,7 @@ class CandidateTimer:
 
     def _async(self, group: SlotGroup, s: dict, seed: int, where: str, always_check: bool) -> float | None:
         audit = bool(self.rng.random() < self.h.config.audit)
-        seconds = self.h.config.sample_ms * 1e-3 * float(self.rng.uniform(1.0, 1.5))
+        seconds = s["window_s"] * float(self.rng.uniform(1.0, 1.5))
         stop_at = None
         if audit:
             expected = max(2, int(seconds * 1e9 / max(s["per_call"], 1.0)))
