@@ -17,7 +17,8 @@ from swarmfactory.swarm.coordinator import Coordinator, RunError
 from replay_server import ReplayServer
 
 GOOD = load_problem("rmsnorm").render({"vw": 4, "acc": 1, "unroll": 2, "scale": "div", "threads": "none"})
-BROKEN = GOOD.replace("float ss = 0.0f;", "float ss = 0.0f")  # a syntax error
+BROKEN = GOOD.replace("double total = 0.0;", "double total = 0.0")  # a syntax error
+assert BROKEN != GOOD, "the template changed: break it somewhere else"
 FAST = dict(rounds=3, compile_baselines=False, parallel=1, remeasure_champions=False)
 
 
