@@ -2,13 +2,28 @@
 
     python benchmarks/engine_vs_peers.py --build-only     # make peers: build llama-server
     python benchmarks/engine_vs_peers.py                  # make bench-engine: the comparison
+    python benchmarks/engine_vs_peers.py --engine-config tuned.yaml   # + a tuned engine design
 
 llama-server is built from the llama.cpp sources vendored in the llama-cpp-python source
-distribution on PyPI (peers/, gitignored; about 10 minutes on two cores). Every server gets the
-same load (swarmfactory.bench.serving: seeded random-token prompts of --input-len tokens,
---output-len tokens each with ignore_eos, streaming, warmup, one closed-loop run per
-concurrency level); HF transformers' fp32 ``generate`` is timed at the same batch sizes.
-Prints a table and writes JSON. Not a test and not part of the default install or CI.
+distribution on PyPI (peers/, gitignored; about 10 minutes on two cores).
+
+Load: one closed-loop run per workload (--workloads, default 128 tokens in / 128 out and the
+prefill-heavy 1024 in / 128 out) and concurrency level (--concurrency, default 1, 4, 16, 64),
+from swarmfactory.bench.serving: seeded random-token prompts, the same for every system,
+``ignore_eos`` so every request gives exactly the output length, streaming, warmup first.
+Per level: output tok/s, TTFT and TPOT (median and p99). HF transformers' fp32 ``generate``
+is timed at the same batch sizes on the same prompts (medians only: one call per batch).
+
+Servers: the engine servers start per workload with max batch >= the largest level and a
+context per sequence of input + output + 16 tokens. llama-server gets its best flags per level:
+-np = the concurrency (one slot per request), -c = slots x (input + output + 16) so every slot
+holds a request, and the -b/-ub pair (--llama-batches) that won a short probe at that level
+(--llama-tune, on by default: one wave of requests with at most --llama-probe-out output tokens
+per pair); so llama-server restarts at every level. Within a level each system is measured in
+turn, the order reversed every other round (--rounds 2: ABBA). The JSON records every level's
+metrics, the exact server command line, the probe results, and how much of the CPUs other
+work took. --engine-config / --engine-profile add an "engine tuned" column next to the
+"engine default" one. Not a test and not part of the default install or CI.
 """
 
 from __future__ import annotations
@@ -16,7 +31,9 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -31,6 +48,93 @@ sys.path.insert(0, str(ROOT))
 
 from swarmfactory.bench.serving import bench_sync, make_prompts  # noqa: E402
 from swarmfactory.engine.gguf_loader import bundled_model_path  # noqa: E402
+
+DEFAULT_CONCURRENCY = "1,4,16,64"
+DEFAULT_WORKLOADS = "128x128,1024x128"
+# -b:-ub pairs llama-server is probed with per level; the first is llama-server's own default
+# and the one used with --no-llama-tune.
+DEFAULT_LLAMA_BATCHES = "2048:512,512:128"
+CTX_MARGIN = 16  # context tokens per sequence beyond input + output
+
+
+def parse_levels(spec: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16]: positive concurrency levels, in the order given, no repeats."""
+    try:
+        levels = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"concurrency levels must be integers, got {spec!r}") from None
+    if not levels or min(levels) < 1 or len(set(levels)) != len(levels):
+        raise ValueError(f"concurrency levels must be distinct integers >= 1, got {spec!r}")
+    return levels
+
+
+def parse_workloads(spec: str) -> list[tuple[int, int]]:
+    """'128x128,1024x128' -> [(128, 128), (1024, 128)]: (input tokens, output tokens) pairs."""
+    out = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        inp, sep, outp = item.lower().partition("x")
+        try:
+            pair = (int(inp), int(outp)) if sep else None
+        except ValueError:
+            pair = None
+        if pair is None or pair[0] < 1 or pair[1] < 2:
+            raise ValueError(f"workload must be INPUTxOUTPUT with input >= 1 and output >= 2 tokens, got {item!r}")
+        if pair in out:
+            raise ValueError(f"workload {item!r} given twice")
+        out.append(pair)
+    if not out:
+        raise ValueError("no workload given")
+    return out
+
+
+def parse_batches(spec: str) -> list[tuple[int, int]]:
+    """'2048:512,512:128' -> [(2048, 512), (512, 128)]: llama-server (-b, -ub) pairs, ub <= b."""
+    out = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        b, sep, ub = item.partition(":")
+        try:
+            pair = (int(b), int(ub)) if sep else None
+        except ValueError:
+            pair = None
+        if pair is None or not 1 <= pair[1] <= pair[0]:
+            raise ValueError(f"llama batch sizes must be B:UB with 1 <= UB <= B, got {item!r}")
+        if pair not in out:
+            out.append(pair)
+    if not out:
+        raise ValueError("no llama batch sizes given")
+    return out
+
+
+def seq_ctx(input_len: int, output_len: int) -> int:
+    """Context one request needs: its prompt, its output and a margin."""
+    return input_len + output_len + CTX_MARGIN
+
+
+def level_seed(seed: int, input_len: int, level_index: int) -> int:
+    """Prompt seed of a level: the same for every system, distinct per level and per input
+    length (so no prompt shares a prefix with another workload's)."""
+    return seed + 10_000 * input_len + 100 * level_index
+
+
+def llama_server_cmd(binary: Path | str, gguf: Path | str, port: int, threads: int, slots: int, input_len: int,
+                     output_len: int, batch: int, ubatch: int) -> list[str]:
+    """llama-server for ``slots`` concurrent requests: one slot each (-np), every slot's share
+    of the context (-c / -np) holding a whole request, the given logical / physical batch."""
+    return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+            "-tb", str(threads), "-np", str(slots), "-c", str(slots * seq_ctx(input_len, output_len)),
+            "-b", str(batch), "-ub", str(ubatch), "--no-warmup"]
+
+
+def engine_cmd(port: int, threads: int, max_batch: int, max_seq_len: int, weights: str | None = None,
+               config: Path | str | None = None, profile: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--port", str(port)]
+    if weights:
+        cmd += ["--weights", weights]
+    if config:
+        cmd += ["--config", str(config)]
+    if profile:
+        cmd += ["--profile", profile]
+    return cmd + ["--max-batch", str(max_batch), "--max-seq-len", str(max_seq_len), "--threads", str(threads)]
 
 
 def log(msg: str) -> None:
@@ -90,13 +194,15 @@ def free_port() -> int:
 
 class Proc:
     def __init__(self, cmd: list[str], url: str, log_path: Path):
-        log("$ " + " ".join(cmd))
+        log("$ " + shlex.join(cmd))
+        self.cmd = cmd
         self.url = url
         self.log = open(log_path, "w")
         self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 600
         while time.time() < deadline:
             if self.p.poll() is not None:
+                self.log.close()
                 raise RuntimeError(f"server exited (see {log_path})")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
@@ -143,38 +249,88 @@ def wait_quiet(limit_s: float, share: float = 0.1, window_s: float = 3.0) -> flo
             return round(seen, 3)
 
 
-def sweep(url: str, levels: list[int], args, pid: int | None = None, level_index: int = 0) -> list[dict]:
-    """One bench level at a time. Records the CPU share other work on the machine took during
+def _ms(lv: dict) -> str:
+    return (f"{lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} / {lv['ttft_ms_p99']:.0f} ms  "
+            f"TPOT {lv['tpot_ms_median']:.1f} / {lv['tpot_ms_p99']:.1f} ms (median / p99)  errors {lv['errors']}")
+
+
+def measure(proc: Proc, c: int, workload: tuple[int, int], level_index: int, args, warmup: int) -> dict:
+    """One level on one server. Records the CPU share other work on the machine took during
     the level (``others_cpu_share``: all busy CPU time less the server's and this process's,
-    over wall time x CPUs) and the 1-minute load average, so a disturbed run shows."""
-    out = []
-    for i, c in enumerate(levels, start=level_index):
-        n = args.num_prompts or max(8, 2 * c)
-        for attempt in range(1 + args.retries):
-            before_quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
-            b0, s0, o0, t0 = _busy_s(), _proc_cpu_s(pid) if pid else 0.0, sum(os.times()[:2]), time.time()
-            res = bench_sync(url, [c], input_len=args.input_len, output_len=args.output_len, num_prompts=n,
-                             seed=args.seed + 100 * i, warmup=2 if i == 0 else 1)
-            wall = time.time() - t0
-            mine = (_proc_cpu_s(pid) - s0 if pid else 0.0) + sum(os.times()[:2]) - o0
-            lv = res["levels"][0]
-            lv["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
-            lv["others_cpu_share"] = round(max(0.0, _busy_s() - b0 - mine) / (wall * (os.cpu_count() or 1)), 3)
-            lv["others_cpu_share_before"] = before_quiet
-            lv["attempt"] = attempt + 1
-            log(f"  c={c}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
-                f"TPOT {lv['tpot_ms_median']:.1f} ms  errors {lv['errors']}  others {lv['others_cpu_share']:.0%}")
-            if lv["others_cpu_share"] <= args.max_others:
-                break
-            log(f"  other work took {lv['others_cpu_share']:.0%} of the CPUs during the level; measuring it again")
-        out.append(lv)
-    return out
+    over wall time x CPUs) and the 1-minute load average, so a disturbed run shows; a level
+    other work disturbed more than --max-others is measured again (at most --retries times)."""
+    inp, outp = workload
+    n = args.num_prompts or max(8, 2 * c)
+    pid = proc.p.pid
+    for attempt in range(1 + args.retries):
+        before_quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
+        b0, s0, o0, t0 = _busy_s(), _proc_cpu_s(pid), sum(os.times()[:2]), time.time()
+        res = bench_sync(proc.url, [c], input_len=inp, output_len=outp, num_prompts=n,
+                         seed=level_seed(args.seed, inp, level_index), warmup=warmup)
+        wall = time.time() - t0
+        mine = _proc_cpu_s(pid) - s0 + sum(os.times()[:2]) - o0
+        lv = res["levels"][0]
+        lv["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+        lv["others_cpu_share"] = round(max(0.0, _busy_s() - b0 - mine) / (wall * (os.cpu_count() or 1)), 3)
+        lv["others_cpu_share_before"] = before_quiet
+        lv["attempt"] = attempt + 1
+        lv["server_cmd"] = shlex.join(proc.cmd)
+        log(f"  c={c}: {_ms(lv)}  others {lv['others_cpu_share']:.0%}")
+        if lv["others_cpu_share"] <= args.max_others:
+            break
+        log(f"  other work took {lv['others_cpu_share']:.0%} of the CPUs during the level; measuring it again")
+    return lv
 
 
-def bench_hf(gguf: Path, levels: list[int], args) -> list[dict]:
+def start_llama(binary: Path, gguf: Path, c: int, workload: tuple[int, int], level_index: int, args,
+                logs: Path) -> tuple[Proc, dict, bool]:
+    """llama-server for level c: -np c, -c fitted, and the (-b, -ub) pair that gave the most
+    output tok/s in a short probe (one wave of max(2, c) requests, output capped at
+    --llama-probe-out tokens, prompts of their own seed). Returns the server (the probe's last
+    one when it won: already warm), what to record, and whether the server is fresh."""
+    inp, outp = workload
+
+    def launch(b: int, ub: int) -> Proc:
+        port = free_port()
+        return Proc(llama_server_cmd(binary, gguf, port, args.threads, c, inp, outp, b, ub),
+                    f"http://127.0.0.1:{port}", logs / f"llama-server-{inp}x{outp}-c{c}-b{b}-ub{ub}.log")
+
+    candidates = args.llama_batches if args.llama_tune else args.llama_batches[:1]
+    probes: list[dict] = []
+    if len(candidates) == 1:
+        b, ub = candidates[0]
+        return launch(b, ub), {"llama_batch": b, "llama_ubatch": ub, "llama_probe": probes}, True
+    probe_out = max(2, min(outp, args.llama_probe_out))
+    proc = None
+    for b, ub in candidates:
+        proc = launch(b, ub)
+        try:
+            res = bench_sync(proc.url, [c], input_len=inp, output_len=probe_out, num_prompts=max(2, c),
+                             seed=level_seed(args.seed, inp, level_index) + 50, warmup=1)["levels"][0]
+        except BaseException:
+            proc.stop()
+            raise
+        probes.append({"batch": b, "ubatch": ub, "output_len": probe_out, "num_prompts": res["num_prompts"],
+                       "output_tok_s": res["output_tok_s"], "ttft_ms_median": res["ttft_ms_median"],
+                       "tpot_ms_median": res["tpot_ms_median"], "errors": res["errors"],
+                       "server_cmd": shlex.join(proc.cmd)})
+        log(f"  probe -b {b} -ub {ub}: {res['output_tok_s']:.1f} tok/s  errors {res['errors']}")
+        if (b, ub) != candidates[-1]:
+            proc.stop()
+    best = max(probes, key=lambda p: (p["errors"] == 0, p["output_tok_s"]))
+    chosen = {"llama_batch": best["batch"], "llama_ubatch": best["ubatch"], "llama_probe": probes}
+    log(f"  llama-server at c={c}: -b {best['batch']} -ub {best['ubatch']}")
+    if (best["batch"], best["ubatch"]) == candidates[-1]:
+        return proc, chosen, False
+    proc.stop()
+    return launch(best["batch"], best["ubatch"]), chosen, True
+
+
+def bench_hf(gguf: Path, levels: list[int], workload: tuple[int, int], args) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    inp, outp = workload
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
@@ -184,19 +340,19 @@ def bench_hf(gguf: Path, levels: list[int], args) -> list[dict]:
         warm = torch.tensor(make_prompts(1, 16, 0))
         model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4, **gen)
         for i, b in enumerate(levels):
-            x = torch.tensor(make_prompts(b, args.input_len, args.seed + 100 * i))
+            # the first b prompts the servers get at this level
+            x = torch.tensor(make_prompts(b, inp, level_seed(args.seed, inp, i) + 1))
             mask = torch.ones_like(x)  # equal lengths: no padding
             t0 = time.perf_counter()
             model.generate(x, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, **gen)
             ttft = time.perf_counter() - t0
             t0 = time.perf_counter()
-            model.generate(x, attention_mask=mask, max_new_tokens=args.output_len, min_new_tokens=args.output_len,
-                           **gen)
+            model.generate(x, attention_mask=mask, max_new_tokens=outp, min_new_tokens=outp, **gen)
             total = time.perf_counter() - t0
-            lv = {"concurrency": b, "output_tok_s": b * args.output_len / total, "ttft_ms_median": ttft * 1e3,
-                  "tpot_ms_median": (total - ttft) / (args.output_len - 1) * 1e3, "errors": 0,
+            lv = {"concurrency": b, "output_tok_s": b * outp / total, "ttft_ms_median": ttft * 1e3,
+                  "tpot_ms_median": (total - ttft) / (outp - 1) * 1e3, "errors": 0,
                   "loadavg_1m_after": round(os.getloadavg()[0], 2),
-                  "note": "batch of b prompts in one generate() call"}
+                  "note": "batch of b prompts in one generate() call (no p99: one call)"}
             log(f"  b={b}: {lv['output_tok_s']:.1f} tok/s  TTFT {lv['ttft_ms_median']:.0f} ms  "
                 f"TPOT {lv['tpot_ms_median']:.1f} ms")
             out.append(lv)
@@ -209,81 +365,151 @@ def main() -> int:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--llama-isa", default="native", choices=sorted(LLAMA_ISA_FLAGS),
                     help="llama.cpp build to compare with (avx2: no AVX-512, for an emulated AVX2 machine)")
-    ap.add_argument("--formats", default="q4_1,bf16,fp32")
-    ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--formats", default=None,
+                    help="engine weight formats to serve (default q4_1,bf16,fp32; q4_1 alone when a tuned "
+                         "engine is given)")
+    ap.add_argument("--engine-config", type=Path, default=None,
+                    help="EngineConfig YAML of a tuned design, served as 'engine tuned' (engine serve --config); "
+                         "its max_batch / max_seq_len are raised where the run needs more")
+    ap.add_argument("--engine-profile", default=None,
+                    help="profile id of a tuned design, served as 'engine tuned' (engine serve --profile; "
+                         "with --engine-config: both)")
+    ap.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"levels (default {DEFAULT_CONCURRENCY})")
+    ap.add_argument("--workloads", default=None,
+                    help=f"INPUTxOUTPUT token lengths, comma-separated (default {DEFAULT_WORKLOADS})")
+    ap.add_argument("--input-len", type=int, default=None,
+                    help="with --output-len: one workload, INPUTxOUTPUT (each defaults to 128)")
+    ap.add_argument("--output-len", type=int, default=None, help="see --input-len")
     ap.add_argument("--num-prompts", type=int, default=0, help="per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--skip", default="", help="comma list of: llama.cpp, hf, engine")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="threads of every system")
+    ap.add_argument("--skip", default="",
+                    help="comma list of: llama.cpp, hf, engine (the default engine; a tuned one still runs)")
+    ap.add_argument("--llama-tune", action=argparse.BooleanOptionalAction, default=True,
+                    help="probe llama-server's -b:-ub pairs at every level and keep the fastest (default on; "
+                         "off: the first pair)")
+    ap.add_argument("--llama-batches", default=DEFAULT_LLAMA_BATCHES,
+                    help=f"llama-server -b:-ub pairs to probe (default {DEFAULT_LLAMA_BATCHES})")
+    ap.add_argument("--llama-probe-out", type=int, default=32,
+                    help="output tokens per probe request (default 32; at most the workload's)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "engine_vs_peers.json")
     ap.add_argument("--quiet-wait", type=float, default=0.0,
                     help="before each level, wait up to this many seconds for other work to use < 10%% of the CPUs")
-    ap.add_argument("--rounds", type=int, default=1, help="alternate the systems this many times")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each level this many times per system, the order reversed every other round")
     ap.add_argument("--max-others", type=float, default=1.0,
                     help="measure a level again when other work took more than this share of the CPUs")
     ap.add_argument("--retries", type=int, default=0, help="at most this many repeats of a disturbed level")
     args = ap.parse_args()
+
+    try:
+        levels = parse_levels(args.concurrency)
+        if args.input_len is not None or args.output_len is not None:
+            if args.workloads is not None:
+                raise ValueError("give --workloads or --input-len/--output-len, not both")
+            workloads = parse_workloads(f"{args.input_len or 128}x{args.output_len or 128}")
+        else:
+            workloads = parse_workloads(args.workloads or DEFAULT_WORKLOADS)
+        args.llama_batches = parse_batches(args.llama_batches)
+    except ValueError as e:
+        ap.error(str(e))
+    tuned = args.engine_config is not None or args.engine_profile is not None
+    formats = [f for f in (args.formats or ("q4_1" if tuned else "q4_1,bf16,fp32")).split(",") if f]
+    skip = set(filter(None, args.skip.split(",")))
+    tuned_cfg = None
+    if args.engine_config is not None:
+        from swarmfactory.engine.config import EngineConfig
+
+        tuned_cfg = EngineConfig.from_yaml(args.engine_config)  # fail now, not after the first workload
 
     llama = build_llama_server(args.peers, args.threads, args.llama_isa)
     if args.build_only:
         log(f"llama-server ready: {llama}")
         return 0
     gguf = bundled_model_path()
-    levels = [int(x) for x in args.concurrency.split(",")]
-    skip = set(filter(None, args.skip.split(",")))
     max_c = max(levels)
-    ctx = args.input_len + args.output_len + 16
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.out.parent
     from swarmfactory.hardware import MASK_ENV, cpu_features, cpu_fingerprint
 
     host = cpu_features(mask=None)
-    results: dict = {"machine": {"cpu": cpu_fingerprint()["model"], "threads": args.threads,
-                                 "cores": os.cpu_count(),
-                                 "simd": sorted(f for f in host if f.startswith(("avx", "amx", "fma", "f16c"))),
-                                 "mask": {k: os.environ[k] for k in (MASK_ENV, "ATEN_CPU_CAPABILITY",
-                                                                     "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-                                          if k in os.environ}},
-                     "model": gguf.name, "input_len": args.input_len, "output_len": args.output_len,
-                     "systems": {}}
+    version = args.peers / f"llama-server{'' if args.llama_isa == 'native' else '-' + args.llama_isa}.version"
+    llama_name = f"llama.cpp (Q4_1 file, {args.llama_isa} build)"
+    results: dict = {
+        "machine": {"cpu": cpu_fingerprint()["model"], "threads": args.threads, "cores": os.cpu_count(),
+                    "simd": sorted(f for f in host if f.startswith(("avx", "amx", "fma", "f16c"))),
+                    "mask": {k: os.environ[k] for k in (MASK_ENV, "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                        "MKL_ENABLE_INSTRUCTIONS") if k in os.environ}},
+        "model": gguf.name, "concurrency": levels, "rounds": args.rounds, "seed": args.seed,
+        "num_prompts": args.num_prompts or "max(8, 2 x concurrency)",
+        "llama_build": version.read_text().strip() if version.exists() else None,
+        "llama_tune": {"on": args.llama_tune, "batches": [list(p) for p in args.llama_batches],
+                       "probe_output_len": args.llama_probe_out},
+        "engine_tuned": ({"config": str(args.engine_config) if args.engine_config else None,
+                          "config_values": tuned_cfg.model_dump() if tuned_cfg else None,
+                          "profile": args.engine_profile} if tuned else None),
+        "workloads": {},
+    }
 
-    # Every server runs from the start (idle when not measured); each level is measured for
+    # Per workload, the engine servers run from its start (idle when not measured); llama-server
+    # restarts at every level (its slots follow the concurrency). Each level is measured for
     # every system in turn, the order reversed every other round (ABBA), so slow drifts in what
     # else runs on the machine hit all systems alike.
-    servers: dict[str, Proc] = {}
-    try:
-        if "llama.cpp" not in skip:
-            port = free_port()
-            log("starting llama.cpp server")
-            servers[f"llama.cpp (Q4_1 file, {args.llama_isa} build)"] = Proc(
-                [str(llama), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
-                 "-tb", str(args.threads), "-np", str(max_c), "-c", str(max_c * ctx), "--no-warmup"],
-                f"http://127.0.0.1:{port}", logs / "llama-server.log")
-        if "engine" not in skip:
-            for fmt in args.formats.split(","):
+    for inp, outp in workloads:
+        wl = (inp, outp)
+        ctx = seq_ctx(inp, outp)
+        log(f"workload {inp} in / {outp} out")
+        wres = results["workloads"][f"{inp}x{outp}"] = {"input_len": inp, "output_len": outp, "seq_ctx": ctx,
+                                                         "systems": {}}
+        engines: dict[str, Proc] = {}
+        warmed: set[int] = set()
+        try:
+            if "engine" not in skip:
+                for fmt in formats:
+                    name = f"engine {fmt}" if not tuned else ("engine default" if fmt == "q4_1" else f"engine {fmt}")
+                    port = free_port()
+                    log(f"starting {name}")
+                    engines[name] = Proc(engine_cmd(port, args.threads, max_c, ctx, weights=fmt),
+                                         f"http://127.0.0.1:{port}", logs / f"engine-{fmt}-{inp}x{outp}.log")
+            if tuned:
                 port = free_port()
-                log(f"starting engine {fmt}")
-                servers[f"engine {fmt}"] = Proc(
-                    [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--weights", fmt, "--port", str(port),
-                     "--max-batch", str(max_c), "--max-seq-len", str(ctx), "--threads", str(args.threads)],
-                    f"http://127.0.0.1:{port}", logs / f"engine-{fmt}.log")
-        for r in range(args.rounds):
-            tag = f" (round {r + 1})" if args.rounds > 1 else ""
+                mb = max(max_c, tuned_cfg.max_batch if tuned_cfg else 0)
+                msl = max(ctx, tuned_cfg.max_seq_len if tuned_cfg else 0)
+                log("starting engine tuned")
+                engines["engine tuned"] = Proc(engine_cmd(port, args.threads, mb, msl, config=args.engine_config,
+                                                          profile=args.engine_profile),
+                                               f"http://127.0.0.1:{port}", logs / f"engine-tuned-{inp}x{outp}.log")
             for i, c in enumerate(levels):
-                order = list(servers) if r % 2 == 0 else list(reversed(servers))
-                for name in order:
-                    log(f"{name}{tag}")
-                    lv = sweep(servers[name].url, [c], args, servers[name].p.pid, level_index=i)[0]
-                    results["systems"].setdefault(name + tag, []).append(lv)
-    finally:
-        for proc in servers.values():
-            proc.stop()
+                llama_proc, llama_meta = None, {}
+                try:
+                    if "llama.cpp" not in skip:
+                        log(f"starting {llama_name} for c={c}")
+                        llama_proc, llama_meta, fresh = start_llama(llama, gguf, c, wl, i, args, logs)
+                        if not fresh:
+                            warmed.add(llama_proc.p.pid)
+                    servers = ([(llama_name, llama_proc)] if llama_proc else []) + list(engines.items())
+                    for r in range(args.rounds):
+                        tag = f" (round {r + 1})" if args.rounds > 1 else ""
+                        for name, proc in (servers if r % 2 == 0 else list(reversed(servers))):
+                            log(f"{name}{tag}, {inp}x{outp}")
+                            lv = measure(proc, c, wl, i, args, warmup=1 if proc.p.pid in warmed else 2)
+                            warmed.add(proc.p.pid)
+                            if proc is llama_proc:
+                                lv.update(llama_meta)
+                            wres["systems"].setdefault(name + tag, []).append(lv)
+                finally:
+                    if llama_proc:
+                        llama_proc.stop()
+        finally:
+            for proc in engines.values():
+                proc.stop()
+        args.out.write_text(json.dumps(results, indent=2))  # what is measured so far
 
     if "hf" not in skip:
-        log("HF transformers fp32 generate")
-        results["systems"]["HF transformers fp32 generate"] = bench_hf(gguf, levels, args)
+        for inp, outp in workloads:
+            log(f"HF transformers fp32 generate, {inp}x{outp}")
+            results["workloads"][f"{inp}x{outp}"]["systems"]["HF transformers fp32 generate"] = bench_hf(
+                gguf, levels, (inp, outp), args)
 
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results, levels))
@@ -291,22 +517,31 @@ def main() -> int:
     return 0
 
 
+def _cell(lv: dict, key: str, digits: int) -> str:
+    x = lv.get(key)
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
 def table(results: dict, levels: list[int]) -> str:
-    head = ("| system | " + " | ".join(f"c={c} tok/s | TTFT ms | TPOT ms" for c in levels)
-            + " | max load | others' CPU |")
-    sep = "|---|" + "---|---|---|" * len(levels) + "---|---|"
-    rows = [head, sep]
-    for name, lvs in results["systems"].items():
-        by = {lv["concurrency"]: lv for lv in lvs}
-        cells = []
+    """One Markdown table per workload: a row per level and system (systems of a level adjacent)."""
+    parts = []
+    for key, wres in results["workloads"].items():
+        rows = [f"### {wres['input_len']} tokens in / {wres['output_len']} out (TTFT and TPOT in ms)", "",
+                "| c | system | tok/s | TTFT median | TTFT p99 | TPOT median | TPOT p99 | errors | load | "
+                "others' CPU |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for c in levels:
-            lv = by.get(c)
-            cells.append("n/a | n/a | n/a" if lv is None else
-                         f"{lv['output_tok_s']:.1f} | {lv['ttft_ms_median']:.0f} | {lv['tpot_ms_median']:.1f}")
-        load = max((lv.get("loadavg_1m_after", 0) for lv in lvs), default=0)
-        others = max((lv.get("others_cpu_share", 0) for lv in lvs), default=0)
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {load:.1f} | {others:.0%} |")
-    return "\n".join(rows)
+            for name, lvs in wres["systems"].items():
+                lv = next((x for x in lvs if x["concurrency"] == c), None)
+                if lv is None:
+                    continue
+                others = lv.get("others_cpu_share")
+                rows.append(f"| {c} | {name} | {_cell(lv, 'output_tok_s', 1)} | {_cell(lv, 'ttft_ms_median', 0)} | "
+                            f"{_cell(lv, 'ttft_ms_p99', 0)} | {_cell(lv, 'tpot_ms_median', 1)} | "
+                            f"{_cell(lv, 'tpot_ms_p99', 1)} | {lv.get('errors', 0)} | "
+                            f"{lv.get('loadavg_1m_after', 0):.1f} | {'n/a' if others is None else f'{others:.0%}'} |")
+        parts.append("\n".join(rows))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":
