@@ -126,15 +126,40 @@ def llama_server_cmd(binary: Path | str, gguf: Path | str, port: int, threads: i
 
 
 def engine_cmd(port: int, threads: int, max_batch: int, max_seq_len: int, weights: str | None = None,
-               config: Path | str | None = None, profile: str | None = None) -> list[str]:
+               config: Path | str | None = None, profile: str | None = None, no_profile: bool = False) -> list[str]:
+    """``engine serve`` sized for the run. A profile sets the whole design (weights, threads,
+    batch, context), so with ``profile`` nothing else is passed; ``no_profile`` adds
+    ``--profile none`` (the untuned engine, where serve has that option)."""
     cmd = [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--port", str(port)]
+    if profile:
+        return cmd + ["--profile", profile]
     if weights:
         cmd += ["--weights", weights]
     if config:
         cmd += ["--config", str(config)]
-    if profile:
-        cmd += ["--profile", profile]
+    if no_profile:
+        cmd += ["--profile", "none"]
     return cmd + ["--max-batch", str(max_batch), "--max-seq-len", str(max_seq_len), "--threads", str(threads)]
+
+
+def serve_takes_profile() -> bool:
+    """Whether this checkout's ``engine serve`` has --profile (tuned profiles)."""
+    r = subprocess.run([sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--help"], capture_output=True,
+                       text=True, env={**os.environ, "COLUMNS": "200"})
+    return r.returncode == 0 and "--profile" in r.stdout
+
+
+def served_limits(url: str) -> dict:
+    """What an engine server actually runs with (a profile may size it differently)."""
+    out: dict = {}
+    try:
+        h = httpx.get(url + "/health", timeout=10).json()
+        out = {"max_batch": h.get("max_batch"), "paths": h.get("paths")}
+        models = httpx.get(url + "/v1/models", timeout=10).json().get("data") or [{}]
+        out["max_model_len"] = models[0].get("max_model_len")
+    except (httpx.HTTPError, ValueError):
+        pass
+    return out
 
 
 def log(msg: str) -> None:
@@ -368,12 +393,15 @@ def main() -> int:
     ap.add_argument("--formats", default=None,
                     help="engine weight formats to serve (default q4_1,bf16,fp32; q4_1 alone when a tuned "
                          "engine is given)")
-    ap.add_argument("--engine-config", type=Path, default=None,
-                    help="EngineConfig YAML of a tuned design, served as 'engine tuned' (engine serve --config); "
-                         "its max_batch / max_seq_len are raised where the run needs more")
-    ap.add_argument("--engine-profile", default=None,
-                    help="profile id of a tuned design, served as 'engine tuned' (engine serve --profile; "
-                         "with --engine-config: both)")
+    tuned_ap = ap.add_mutually_exclusive_group()
+    tuned_ap.add_argument("--engine-config", type=Path, default=None,
+                          help="EngineConfig YAML of a tuned design, served as 'engine tuned' (engine serve "
+                               "--config; same --threads, its max_batch / max_seq_len raised where the run needs "
+                               "more)")
+    tuned_ap.add_argument("--engine-profile", default=None,
+                          help="profile id of a tuned design, served as 'engine tuned' (engine serve --profile ID "
+                               "alone: the profile sets threads, batch and context; the JSON records what it "
+                               "served)")
     ap.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"levels (default {DEFAULT_CONCURRENCY})")
     ap.add_argument("--workloads", default=None,
                     help=f"INPUTxOUTPUT token lengths, comma-separated (default {DEFAULT_WORKLOADS})")
@@ -420,12 +448,17 @@ def main() -> int:
     if args.engine_config is not None:
         from swarmfactory.engine.config import EngineConfig
 
-        tuned_cfg = EngineConfig.from_yaml(args.engine_config)  # fail now, not after the first workload
+        try:
+            tuned_cfg = EngineConfig.from_yaml(args.engine_config)  # fail now, not after the first workload
+        except Exception as e:  # unreadable file, bad YAML, invalid config
+            ap.error(f"--engine-config: {e}")
 
     llama = build_llama_server(args.peers, args.threads, args.llama_isa)
     if args.build_only:
         log(f"llama-server ready: {llama}")
         return 0
+    # the untuned engine says so where serve would otherwise pick a tuned profile by itself
+    no_profile = ("engine" not in skip or args.engine_config is not None) and serve_takes_profile()
     gguf = bundled_model_path()
     max_c = max(levels)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -469,7 +502,7 @@ def main() -> int:
                     name = f"engine {fmt}" if not tuned else ("engine default" if fmt == "q4_1" else f"engine {fmt}")
                     port = free_port()
                     log(f"starting {name}")
-                    engines[name] = Proc(engine_cmd(port, args.threads, max_c, ctx, weights=fmt),
+                    engines[name] = Proc(engine_cmd(port, args.threads, max_c, ctx, weights=fmt, no_profile=no_profile),
                                          f"http://127.0.0.1:{port}", logs / f"engine-{fmt}-{inp}x{outp}.log")
             if tuned:
                 port = free_port()
@@ -477,8 +510,13 @@ def main() -> int:
                 msl = max(ctx, tuned_cfg.max_seq_len if tuned_cfg else 0)
                 log("starting engine tuned")
                 engines["engine tuned"] = Proc(engine_cmd(port, args.threads, mb, msl, config=args.engine_config,
-                                                          profile=args.engine_profile),
+                                                          profile=args.engine_profile, no_profile=no_profile),
                                                f"http://127.0.0.1:{port}", logs / f"engine-tuned-{inp}x{outp}.log")
+            wres["served"] = {name: served_limits(proc.url) for name, proc in engines.items()}
+            for name, got in wres["served"].items():
+                if (got.get("max_batch") or 0) < max_c or (got.get("max_model_len") or 0) < inp + outp:
+                    log(f"warning: {name} serves max_batch {got.get('max_batch')}, context "
+                        f"{got.get('max_model_len')}; this run needs {max_c} and {inp + outp}")
             for i, c in enumerate(levels):
                 llama_proc, llama_meta = None, {}
                 try:
