@@ -92,6 +92,24 @@ class RichProgress:
 REJECTED = ("build_failed", "wrong", "cheated", "crashed", "timed_out")
 
 
+def design_table(summary: dict, wide: bool = False) -> Table | None:
+    """Engine tune runs: every design with its verdict and fitness (output tok/s, geometric mean)."""
+    rows = [(p["problem"], d) for p in summary["problems"] for d in p.get("designs", [])]
+    if not rows:
+        return None
+    t = compact_table("engine designs (tok/s: geometric mean of output tok/s over the serving target)")
+    for col, just in (("design", "left"), ("agent", "left"), ("outcome", "left"), ("tok/s", "right"),
+                      ("vs default", "right"), ("knobs / why", "left")):
+        t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("design", "tok/s"))
+    for _, d in rows:
+        why = d["design"] if d["outcome"] in ("faster", "not_faster") else d["detail"]
+        if wide and d["outcome"] in ("faster", "not_faster"):
+            why = f"{d['design']}; {d['detail']}"
+        t.add_row(d["candidate_id"][:12], d["agent"] or "-", d["outcome"] + (" (baseline)" if d["purpose"] == "baseline" else ""),
+                  num(d["fitness"]) if d["fitness"] else "-", _x(d["speedup"]), why)
+    return t
+
+
 def result_tables(summary: dict, wide: bool = False) -> list[Table]:
     """The champion of each problem (geometric mean over its workload), then its timings per shape.
 

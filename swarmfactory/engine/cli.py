@@ -85,12 +85,30 @@ def serve(
     threads: Optional[int] = typer.Option(None, help="torch threads (0: one per core)"),
     kernel: list[str] = typer.Option([], help="OP=KERNEL, e.g. lm_head=dense (repeatable)"),
     config: Optional[Path] = typer.Option(None, "--config", help="EngineConfig YAML file"),
+    profile: str = typer.Option("auto", help="tuned profile: auto (the best one that passed on this machine "
+                                "for this model, used when no other option sets the design), none, or a "
+                                "profile id from engine profiles"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL",
+                                        help="evidence store holding the profiles (default: $SWARMFACTORY_STORE, "
+                                             "else .swarmfactory/evidence.db)"),
     api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY",
                                           help="require 'Authorization: Bearer KEY' on /v1/*"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
-    cfg = _config(config, model, weights, threads, max_batch, max_seq_len, kernel)
+    cfg = None
+    chosen = any(v is not None for v in (config, weights, threads, max_batch, max_seq_len)) or bool(kernel)
+    if profile != "none" and not (profile == "auto" and chosen):
+        if profile != "auto" and chosen:
+            _fail("--profile ID sets the whole design; drop --config, --weights, --threads, --max-batch, "
+                  "--max-seq-len and --kernel, or use --profile none")
+        from swarmfactory.enginefactory.cli import profile_config
+
+        cfg, line = profile_config(profile, model, store)
+        if line:
+            err.print(line, highlight=False, markup=False)
+    if cfg is None:
+        cfg = _config(config, model, weights, threads, max_batch, max_seq_len, kernel)
     eng = _engine(cfg, debug)
     from .server import serve as run_server
 
@@ -99,6 +117,16 @@ def serve(
         run_server(eng, host=host, port=port, api_key=api_key)
     except OSError as e:
         _fail(str(e), 1)
+
+
+def _register_factory():
+    from swarmfactory.enginefactory.cli import profiles_cmd, tune_cmd
+
+    app.command("tune")(tune_cmd)
+    app.command("profiles")(profiles_cmd)
+
+
+_register_factory()
 
 
 @app.command()

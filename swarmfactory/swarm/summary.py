@@ -27,11 +27,18 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
         from swarmfactory.problems import list_problems
 
         names = list_problems()
+    engine_run = run["config"].get("kind") == "engine-tune"
+    if engine_run:  # engine designs: one problem per model, its spec from the run's evaluations
+        names = sorted({e["problem"] for e in evs})
     for name in names:
-        try:
-            problem = load_problem(name)
-        except ProblemError:
-            continue
+        if engine_run:
+            spec = next(e["problem_spec"] for e in evs if e["problem"] == name)
+            problem = _Named(name, spec)
+        else:
+            try:
+                problem = load_problem(name)
+            except ProblemError:
+                continue
         mine = [e for e in evs if e["problem"] == problem.name]
         search = [e for e in mine if e["purpose"] == "search"]
         outcomes = Counter(e["outcome"] for e in search)
@@ -59,7 +66,17 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
             if e["outcome"] == "faster" and (best is None or e["speedup"] > best):
                 best = e["speedup"]
             best_curve.append([i, best])
+        designs = []
+        if engine_run:
+            for e in mine:
+                c = cands.get(e["candidate_id"]) or {}
+                ev = e["evidence"] or {}
+                designs.append({"candidate_id": e["candidate_id"], "purpose": e["purpose"], "agent": c.get("agent"),
+                                "outcome": e["outcome"], "speedup": e["speedup"], "fitness": ev.get("fitness"),
+                                "design": ev.get("design", ""), "detail": e["detail"],
+                                "seconds": round(e["seconds"], 1)})
         problems.append({
+            "designs": designs,
             "problem": problem.name, "evaluations": len(search), "outcomes": dict(outcomes),
             "rejected": {k: v for k, v in outcomes.items() if k not in ("faster", "not_faster")},
             "champion": champ, "started_from": started, "best_curve": best_curve,
@@ -102,3 +119,13 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
             "finished_at": str(run["finished_at"]) if run["finished_at"] else None,
             "evaluations": sum(p["evaluations"] for p in problems), "problems": problems,
             "agents": board}
+
+
+class _Named:
+    """An engine problem as the summary needs it: a name and a spec hash."""
+
+    def __init__(self, name: str, spec: str):
+        self.name, self._spec = name, spec
+
+    def spec_hash(self) -> str:
+        return self._spec

@@ -1,0 +1,213 @@
+"""`swarmfactory engine tune | profiles` and the profile choice of `engine serve`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+err = Console(stderr=True, soft_wrap=True)
+DEFAULT_STORE = ".swarmfactory/evidence.db"
+STORE_HELP = f"evidence store: a SQLite file or a postgresql:// URL (default: $SWARMFACTORY_STORE, else {DEFAULT_STORE})"
+
+
+def _fail(msg: str, code: int = 2):
+    err.print(f"[red]error:[/red] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _store_arg(store: Optional[str]) -> Optional[str]:
+    return store or os.environ.get("SWARMFACTORY_STORE") or None
+
+
+def _open(store: Optional[str], create: bool):
+    from swarmfactory.evidence.store import Store, StoreError
+
+    try:
+        return Store(_store_arg(store), create=create)
+    except StoreError as e:
+        _fail(str(e))
+
+
+class _Progress:
+    def __init__(self):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.fields[note]}"), console=err, transient=True)
+        self.task = None
+
+    def start(self, run_id, time_s, budget):
+        import time
+
+        self.t0, self.time_s = time.monotonic(), time_s
+        self.p.start()
+        self.task = self.p.add_task(f"tune {run_id}", total=time_s, note="")
+
+    def update(self, done, best, note):
+        import time
+
+        if self.task is not None:
+            self.p.update(self.task, completed=min(self.time_s, time.monotonic() - self.t0),
+                          note=f"{done} designs, best {best:.2f}x | {note}"[:100])
+
+    def stop(self):
+        self.p.stop()
+
+
+def _fixed(items: list[str]) -> tuple:
+    from .tune import TuneError
+
+    out = []
+    for item in items:
+        name, sep, val = item.partition("=")
+        if not sep:
+            raise TuneError(f"--set expects KNOB=VALUE, got {item!r}")
+        val = val.strip()
+        parsed = None if val.lower() in ("none", "calibrated") and name != "dense" else (
+            int(val) if val.lstrip("-").isdigit() else val)
+        out.append((name.strip(), parsed))
+    return tuple(out)
+
+
+def tune_cmd(
+    time_: str = typer.Option("20m", "--time", help="time limit: 90s, 20m, 1h"),
+    concurrency: str = typer.Option("1,16", help="concurrency levels the design is judged at"),
+    workloads: str = typer.Option("128x128,1024x128",
+                                  help="INPUTxOUTPUT tokens per request, comma list"),
+    prompts_per_stream: int = typer.Option(2, min=1, help="prompts per level = max(4, this x concurrency)"),
+    ttft_p99: Optional[float] = typer.Option(None, help="TTFT p99 ceiling in seconds at every level (default none)"),
+    budget: Optional[int] = typer.Option(None, min=1, help="most designs to evaluate (default: the time decides)"),
+    model: Optional[str] = typer.Option(None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)"),
+    weights: str = typer.Option("q4_1", help="weight format of the designs: fp32, bf16 or q4_1"),
+    seed: int = typer.Option(0, help="seed of the agents and prompts"),
+    set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE fixed by the deployment, e.g. threads=1 "
+                                   "(repeatable; knobs: native_decode, native_prefill, dense, kv_dtype, "
+                                   "prefill_chunk, max_batch, threads)"),
+    resume: Optional[str] = typer.Option(None, help="continue an interrupted tune run (RUN_ID)"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=STORE_HELP),
+    debug: bool = typer.Option(False, help="show tracebacks"),
+):
+    """Search engine designs on this machine: each is verified end to end, then measured over HTTP;
+    the best is kept as this machine's profile for the model (engine serve uses it)."""
+    from swarmfactory.config import parse_duration
+
+    from .tune import TuneConfig, TuneError, Tuner, parse_levels, parse_workloads
+
+    try:
+        cfg = None if resume else TuneConfig(
+            model=model, weights=weights, concurrency=parse_levels(concurrency), workloads=parse_workloads(workloads),
+            prompts_per_stream=prompts_per_stream, time_s=parse_duration(time_), budget=budget, ttft_p99_s=ttft_p99,
+            seed=seed, fixed=_fixed(set_))
+    except (TuneError, ValueError) as e:
+        _fail(str(e))
+    st = _open(store, create=not resume)
+    progress = _Progress()
+    try:
+        tuner = Tuner(cfg, st, resume=resume, progress=progress, log=lambda m: err.print(m, highlight=False,
+                                                                                       markup=False))
+    except TuneError as e:
+        _fail(str(e))
+    store_flag = f" --store {shlex.quote(store)}" if store else ""
+    try:
+        run_id = tuner.run()
+    except KeyboardInterrupt:
+        progress.stop()
+        err.print(f"interrupted; continue with: swarmfactory engine tune --resume {tuner.run_id}{store_flag}",
+                  highlight=False, markup=False)
+        raise typer.Exit(130)
+    except TuneError as e:
+        if debug:
+            raise
+        _fail(str(e), 1)
+    champ = tuner.champion
+    d = tuner.default
+    print(f"tune run {run_id}: {tuner.evaluated} designs evaluated on this machine")
+    print(f"default design: {'passed' if tuner.default_ok else 'failed verification'}, {d.fitness:.1f} tok/s (geometric mean over {tuner._pairs()} workload x concurrency pairs)")
+    if champ is None:
+        print("no design passed verification: no profile stored; engine serve keeps the calibrated defaults")
+    elif champ is d:
+        print("best: the default design (no design beat it twice)")
+    else:
+        print(f"best: {champ.design.key[:12]} {champ.ratio:.2f}x the default: {champ.design.describe()}")
+    print(f"store: {st.url}   details: swarmfactory show {run_id}{store_flag}   serve it: swarmfactory engine serve"
+          + store_flag)
+
+
+def profiles_cmd(
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+):
+    """What was tuned, where, when, with what result; which profile engine serve would pick here."""
+    import json
+
+    from .profiles import all_profiles, current_tools
+
+    st = _open(store, create=False)
+    profs = all_profiles(st)
+    if as_json:
+        print(json.dumps([{k: (str(v) if k == "created_at" else v) for k, v in p.__dict__.items()} for p in profs]))
+        return
+    if not profs:
+        print("no engine profiles in this store (make one: swarmfactory engine tune)")
+        return
+    tools, hw = current_tools(), st.hardware["id"]
+    t = Table()
+    for col in ("profile", "model", "tuned", "run", "vs default", "CPU", "fits here", "design"):
+        t.add_column(col, overflow="fold")
+    for p in profs:
+        here = p.mismatch(p.model_sha256, hw, tools)  # model checked by serve against the file it loads
+        t.add_row(p.id[:12], p.problem.removeprefix("engine:"), str(p.created_at)[:16], p.run_id or "-",
+                  f"{p.speedup:.2f}x" if p.speedup else "-", f"{p.hardware.get('model', '?')}",
+                  "yes" if here is None else here, p.description)
+    Console(width=max(120, Console().width)).print(t)
+
+
+def profile_config(profile: str, model: Optional[str], store: Optional[str]):
+    """The EngineConfig ``engine serve`` should run for ``--profile`` (auto, none or an id), with
+    the line to print; (None, line) keeps the calibrated defaults."""
+    from swarmfactory.engine.config import EngineConfig
+    from swarmfactory.engine.gguf_loader import ModelNotFound, resolve_model_path
+    from swarmfactory.evidence.store import Store, StoreError, store_url
+
+    from .profiles import choose, current_tools, find
+
+    if profile == "none":
+        return None, None
+    try:
+        model_path = resolve_model_path(model)
+    except ModelNotFound as e:
+        _fail(str(e))
+    try:
+        st = Store(_store_arg(store), create=False)
+    except StoreError as e:
+        if profile == "auto":
+            return None, f"no evidence store ({e.args[0].split(':')[0]}): calibrated defaults"
+        _fail(str(e))
+    if profile == "auto":
+        prof, line = choose(st, model_path)
+    else:
+        try:
+            prof = find(st, profile)
+        except LookupError as e:
+            _fail(str(e))
+        from .verify import model_digest
+
+        why = prof.mismatch(model_digest(model_path), st.hardware["id"], current_tools())
+        if why:
+            _fail(f"profile {prof.id[:12]} {why}: it has not passed on this machine with this model; "
+                  "run swarmfactory engine tune here")
+        line = f"profile {prof.id[:12]} (engine tune run {prof.run_id}): {prof.description}"
+    if prof is None:
+        return None, line
+    import yaml
+
+    data = yaml.safe_load(prof.config_yaml)
+    data["model"] = model
+    return EngineConfig.from_dict(data), line

@@ -1,0 +1,637 @@
+"""`engine tune`: search engine designs on this machine, keep the best verified one as a profile.
+
+The loop is the kernel factory's, for engines: agents propose designs (design.py), duplicates
+are dropped by content hash, each new design is built, verified end to end (verify.py) and only
+then measured over HTTP the way users measure a server (bench/serving.py: closed-loop
+streaming clients at each requested concurrency, for each workload, the same seeded prompts for
+every design). Every design gets a verdict in the evidence store: ``wrong`` (with the prompt and
+token where it diverged), ``crashed``, ``timed_out``, ``not_faster`` or ``faster``.
+
+Fitness is the user's target: the geometric mean of output tok/s over every (workload,
+concurrency) pair, with an optional TTFT p99 ceiling a design must respect at every pair. The
+default design (what ``engine serve`` runs without a profile) is measured first and is the
+baseline. A design that beats the champion on its first measurement is confirmed in a second
+round, champion and challenger measured again back to back; it takes over only if it wins both
+rounds by more than ``min_effect``, and the range of its two ratios is its CI. A serving
+measurement costs tens of seconds, so proposals are ranked by a cost model (a nearest-neighbour
+estimate of the fitness ratio from the designs measured so far, plus a bonus for unexplored
+regions) and only the most promising one is measured.
+
+At the end the champion is stored as this machine's profile for the model (the evidence store's
+champion row for the problem ``engine:<model>``); ``engine serve`` picks it up (profiles.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from swarmfactory.api import candidate_record, record
+from swarmfactory.engine.config import EngineConfig
+from swarmfactory.harness.outcome import Outcome, Verdict
+
+from . import design as D
+
+VALIDATION_VERSION = "engine-verify-v1"
+LOAD_TIMEOUT_S = 600.0      # load + verification of one design
+LEVEL_TIMEOUT_S = 900.0     # one serving level
+
+
+class TuneError(ValueError):
+    """A tune run that cannot start or resume; the message says why."""
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    model: str | None = None
+    weights: str = "q4_1"
+    concurrency: tuple[int, ...] = (1, 16)
+    workloads: tuple[tuple[int, int], ...] = ((128, 128), (1024, 128))
+    prompts_per_stream: int = 2          # prompts per level = max(4, this x concurrency)
+    time_s: float = 1200.0
+    budget: int | None = None            # most designs to evaluate (None: time decides)
+    ttft_p99_s: float | None = None      # ceiling at every level; None: none
+    min_effect: float = 0.03
+    seed: int = 0
+    fixed: tuple[tuple[str, object], ...] = ()   # knobs the deployment fixes (e.g. threads)
+
+    def __post_init__(self):
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise TuneError(f"concurrency levels must be >= 1, got {list(self.concurrency)}")
+        for i, o in self.workloads:
+            if i < 1 or o < 2:
+                raise TuneError(f"a workload needs >= 1 input and >= 2 output tokens, got {i}x{o}")
+        if self.weights not in ("fp32", "bf16", "q4_1"):
+            raise TuneError(f"weights must be fp32, bf16 or q4_1, got {self.weights!r}")
+        if self.time_s <= 0:
+            raise TuneError("time must be positive")
+        for name, val in self.fixed:
+            if name not in D.KNOBS:
+                raise TuneError(f"unknown design knob {name!r} (known: {', '.join(D.KNOBS)})")
+            if val not in D.KNOBS[name]:
+                raise TuneError(f"design knob {name}={val!r} is not one of {list(D.KNOBS[name])}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["concurrency"], d["workloads"] = list(self.concurrency), [list(w) for w in self.workloads]
+        d["fixed"] = [list(f) for f in self.fixed]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TuneConfig":
+        d = dict(d)
+        d.pop("kind", None)
+        d["concurrency"] = tuple(d["concurrency"])
+        d["workloads"] = tuple(tuple(w) for w in d["workloads"])
+        d["fixed"] = tuple(tuple(f) for f in d.get("fixed", ()))
+        return cls(**d)
+
+    def max_seq_len(self) -> int:
+        return max(2048, max(i + o for i, o in self.workloads) + 16)
+
+    def prompts(self, c: int) -> int:
+        return max(4, self.prompts_per_stream * c)
+
+
+def parse_workloads(text: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for item in text.split(","):
+        a, sep, b = item.strip().lower().partition("x")
+        if not sep or not a.isdigit() or not b.isdigit():
+            raise TuneError(f"a workload is INPUTxOUTPUT tokens, e.g. 128x128; got {item.strip()!r}")
+        out.append((int(a), int(b)))
+    return tuple(out)
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise TuneError(f"concurrency is a comma list of integers, e.g. 1,16,64; got {text!r}") from None
+    if not levels:
+        raise TuneError("no concurrency level given")
+    return levels
+
+
+class EngineProblem:
+    """The engine factory's problem: one model file, one serving target. Quacks like a kernel
+    Problem where the evidence store needs one (name, version, spec_hash, signature)."""
+
+    version = 1
+    c_signature = "engine design: an EngineConfig (YAML)"
+
+    def __init__(self, model_path: Path, model_sha256: str, cfg: TuneConfig):
+        self.model_path, self.model_sha256, self.cfg = model_path, model_sha256, cfg
+        self.name = f"engine:{model_path.stem}"
+        self.description = (f"serving {model_path.name} ({cfg.weights}): output tok/s at concurrency "
+                            f"{','.join(map(str, cfg.concurrency))}, workloads "
+                            + ",".join(f"{i}x{o}" for i, o in cfg.workloads))
+
+    def spec_hash(self) -> str:
+        blob = json.dumps({"model": self.model_sha256, "weights": self.cfg.weights,
+                           "concurrency": list(self.cfg.concurrency),
+                           "workloads": [list(w) for w in self.cfg.workloads],
+                           "ttft_p99_s": self.cfg.ttft_p99_s, "fixed": [list(f) for f in self.cfg.fixed]},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def fitness(serving: dict, ceiling: float | None) -> tuple[float, str | None]:
+    """Geometric mean output tok/s over every measured pair; the reason a ceiling was broken."""
+    rates, over = [], None
+    for wl, levels in serving.items():
+        for lv in levels:
+            if lv["errors"] or lv["completed"] == 0:
+                return 0.0, f"{wl} c={lv['concurrency']}: {lv['errors']} failed requests"
+            rates.append(max(lv["output_tok_s"], 1e-9))
+            if ceiling is not None and lv["ttft_ms_p99"] > ceiling * 1000 and over is None:
+                over = f"{wl} c={lv['concurrency']}: TTFT p99 {lv['ttft_ms_p99'] / 1000:.2f} s > {ceiling:g} s"
+    return math.exp(sum(map(math.log, rates)) / len(rates)), over
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: a tune killed with -9 takes its design servers with it."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+# -- one design in its own process --------------------------------------------------------------
+class DesignServer:
+    """Spawn the worker for one design; wait for its verification; measure it over HTTP."""
+
+    def __init__(self, cfg: EngineConfig, reference: Path, workdir: Path, serve_anyway: bool = False):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        path = workdir / f"design-{D.design_key(cfg)}.yaml"
+        path.write_text(cfg.to_yaml())
+        self.log = deque(maxlen=200)
+        self.events: deque = deque()
+        self._cv = threading.Condition()
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "swarmfactory.enginefactory.worker", "--config", str(path),
+             "--reference", str(reference), "--port", str(self.port)] + (["--serve-anyway"] if serve_anyway else []),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+            preexec_fn=_die_with_parent)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            ev = None
+            if line.startswith("{"):
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    ev = None
+            with self._cv:
+                if isinstance(ev, dict) and "event" in ev:
+                    self.events.append(ev)
+                else:
+                    self.log.append(line)
+                self._cv.notify_all()
+        with self._cv:
+            self.events.append({"event": "exit"})
+            self._cv.notify_all()
+
+    def next_event(self, timeout: float) -> dict | None:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not self.events:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
+            return self.events.popleft()
+
+    def tail(self, n: int = 8) -> str:
+        return " | ".join(list(self.log)[-n:])
+
+    def exit_detail(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "did not exit"
+        if rc < 0:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        return f"exit status {rc}"
+
+    def wait_healthy(self, timeout: float = 60.0) -> bool:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def measure(self, cfg: TuneConfig, on_level=None) -> dict:
+        """Every (workload, level): the serving figures, keyed by workload ``INxOUT``."""
+        import asyncio
+
+        from swarmfactory.bench.serving import make_prompts, run_level
+
+        out: dict = {}
+        for w, (n_in, n_out) in enumerate(cfg.workloads):
+            key = f"{n_in}x{n_out}"
+            asyncio.run(run_level(self.url, make_prompts(2, n_in, cfg.seed + 10_000 + w), n_out, 2))  # warm-up
+            levels = []
+            for i, c in enumerate(cfg.concurrency):
+                prompts = make_prompts(cfg.prompts(c), n_in, cfg.seed + 1 + 100 * w + i)
+                res = asyncio.run(asyncio.wait_for(run_level(self.url, prompts, n_out, c), LEVEL_TIMEOUT_S))
+                lv = asdict(res)
+                lv["loadavg"] = list(os.getloadavg())
+                levels.append(lv)
+                if on_level:
+                    on_level(key, lv)
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the server died while measured ({self.exit_detail()}): {self.tail()}")
+            out[key] = levels
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@dataclass
+class Start:
+    """What a design's worker said before measuring: a verdict if it failed, else the server."""
+
+    server: DesignServer | None
+    verdict: Verdict | None
+    loaded: dict = field(default_factory=dict)
+    verified: dict = field(default_factory=dict)
+
+
+def start_design(cfg: EngineConfig, reference: Path, workdir: Path, timeout_s: float = LOAD_TIMEOUT_S,
+                 serve_anyway: bool = False) -> Start:
+    """Load and verify ``cfg`` in its own process. A failure ends it with a verdict; a pass leaves
+    it serving. ``serve_anyway`` (the baseline only) serves after a failed verification too,
+    returning both the server and the ``wrong`` verdict."""
+    srv = DesignServer(cfg, reference, workdir, serve_anyway)
+    wrong = None
+    t0 = time.monotonic()
+    loaded: dict = {}
+    stage = "load"
+    while True:
+        ev = srv.next_event(max(0.0, timeout_s - (time.monotonic() - t0)))
+        if ev is None:
+            srv.close()
+            return Start(None, Verdict(Outcome.TIMED_OUT, f"no verdict within {timeout_s:.0f} s ({stage})", stage))
+        kind = ev["event"]
+        if kind == "loaded":
+            loaded, stage = ev, "verify"
+        elif kind == "failed":
+            srv.close()
+            outcome = Outcome.BUILD_FAILED if ev["stage"] == "load" else Outcome.CRASHED
+            return Start(None, Verdict(outcome, f"{ev['stage']}: {ev['error']}", ev["stage"],
+                                       evidence={"trace": ev.get("trace", "")}), loaded)
+        elif kind == "verified":
+            verified = ev
+            if not ev["ok"]:
+                wrong = Verdict(Outcome.WRONG, ev["detail"], "verify", evidence={"verify": ev["evidence"]},
+                                seconds=ev["seconds"])
+                if not serve_anyway:
+                    srv.close()
+                    return Start(None, wrong, loaded, ev)
+        elif kind == "serving":
+            if not srv.wait_healthy():
+                detail = srv.exit_detail() if srv.proc.poll() is not None else "no /health answer in 60 s"
+                srv.close()
+                return Start(None, Verdict(Outcome.CRASHED, f"serve: {detail}: {srv.tail()}", "serve"), loaded)
+            return Start(srv, wrong, loaded, verified)
+        elif kind == "exit":
+            detail = srv.exit_detail()
+            srv.close()
+            return Start(None, Verdict(Outcome.CRASHED, f"{stage}: the engine process died ({detail}): {srv.tail()}",
+                                       stage), loaded)
+
+
+# -- the cost model -------------------------------------------------------------------------------
+def predict(knobs: dict, seen: list[tuple[dict, float]], k: int = 3) -> tuple[float, float]:
+    """(estimated log fitness ratio, distance to the nearest measured design)."""
+    if not seen:
+        return 0.0, 1.0
+    x = D.features(knobs)
+    dist = sorted((math.dist(x, D.features(kn)), r) for kn, r in seen)
+    near = dist[:k]
+    w = [1.0 / (d + 1e-3) for d, _ in near]
+    return sum(wi * math.log(max(r, 1e-6)) for wi, (_, r) in zip(w, near)) / sum(w), dist[0][0]
+
+
+# -- the loop -------------------------------------------------------------------------------------
+@dataclass
+class Entry:
+    design: D.Design
+    ratio: float            # fitness / default fitness (0 when wrong or failed)
+    fitness: float
+    evaluation_id: int | None = None
+
+
+class NullProgress:
+    def start(self, run_id: str, time_s: float, budget: int | None): ...
+    def update(self, done: int, best: float, note: str): ...
+    def stop(self): ...
+
+
+class Tuner:
+    def __init__(self, cfg: TuneConfig | None, store, resume: str | None = None, progress=None, log=None):
+        from swarmfactory.engine.gguf_loader import resolve_model_path
+
+        from .verify import model_digest
+
+        self.store, self.progress = store, progress or NullProgress()
+        self._log = log or (lambda msg: None)
+        self.t0 = time.monotonic()
+        if resume:
+            row = store.run(resume)
+            if row is None:
+                raise TuneError(f"no run {resume!r} in {store.url}")
+            if row["config"].get("kind") != "engine-tune":
+                raise TuneError(f"run {resume} is a kernel run; resume it with swarmfactory run --resume")
+            if row["status"] == "finished":
+                raise TuneError(f"run {resume} already finished; start a new one (its designs are not re-measured)")
+            cfg = TuneConfig.from_dict(row["config"])
+        self.cfg, self.run_id = cfg, resume
+        try:
+            self.model_path = resolve_model_path(cfg.model)
+        except Exception as e:  # ModelNotFound and friends
+            raise TuneError(str(e)) from None
+        self.problem = EngineProblem(self.model_path, model_digest(self.model_path), cfg)
+        self.base = EngineConfig(model=cfg.model, weights=cfg.weights, max_seq_len=cfg.max_seq_len())
+        self.rng = random.Random(f"{cfg.seed}:{resume or ''}")
+        self.entries: list[Entry] = []
+        self.seen: set[str] = set()
+        self.default: Entry | None = None
+        self.champion: Entry | None = None
+        self.evaluated = 0
+
+    def log(self, msg: str) -> None:
+        m, sec = divmod(int(time.monotonic() - self.t0), 60)
+        self._log(f"[{m:02d}:{sec:02d}] {msg}")
+
+    def _build(self, knobs: dict) -> D.Design:
+        return D.build({**knobs, **dict(self.cfg.fixed)}, self.base)
+
+    # -- records ----------------------------------------------------------------------------------
+    def _record(self, design: D.Design, verdict: Verdict, agent: str, operator: str, parents: list[str],
+                purpose: str = "search") -> int:
+        cand = candidate_record(self.problem, design.config.to_yaml(), agent, operator, backend="engine",
+                                knobs=design.knobs, parents=parents, run_id=self.run_id)
+        cand["id"] = design.key
+        verdict.evidence.setdefault("model_sha256", self.problem.model_sha256)
+        verdict.evidence.setdefault("design", design.describe())
+        return record(self.store, self.problem, cand, verdict, self.run_id, VALIDATION_VERSION, purpose)
+
+    def _prior(self) -> None:
+        """Designs this store already evaluated for this problem on this hardware: never again."""
+        for ev in self.store.evaluations(problem=self.problem.name, this_hardware=True):
+            if ev["problem_spec"] != self.problem.spec_hash():
+                continue
+            cand = self.store.candidate(ev["candidate_id"])
+            if not cand or not cand.get("knobs"):
+                continue
+            self.seen.add(ev["candidate_id"])
+            if ev["purpose"] != "search":
+                continue
+            try:
+                design = self._build(cand["knobs"])
+            except Exception:
+                continue
+            ratio = ev["speedup"] if ev["outcome"] in ("faster", "not_faster") and ev["speedup"] else 0.0
+            self.entries.append(Entry(design, ratio, (ev["evidence"] or {}).get("fitness", 0.0), ev["id"]))
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    def _evaluate(self, design: D.Design, workdir: Path, note: str,
+                  baseline: bool = False) -> tuple[Verdict, DesignServer | None]:
+        t0 = time.perf_counter()
+        start = start_design(design.config, self.reference, workdir, serve_anyway=baseline)
+        if start.server is None:
+            start.verdict.seconds = time.perf_counter() - t0
+            start.verdict.evidence.setdefault("paths", start.loaded.get("paths"))
+            return start.verdict, None
+        srv = start.server
+        try:
+            serving = srv.measure(self.cfg, on_level=lambda wl, lv: self.progress.update(
+                self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s"))
+        except Exception as e:  # noqa: BLE001 - a server that dies or hangs while measured
+            srv.close()
+            outcome = Outcome.TIMED_OUT if isinstance(e, TimeoutError) else Outcome.CRASHED
+            return Verdict(outcome, f"measure: {type(e).__name__}: {e}", "measure",
+                           seconds=time.perf_counter() - t0), None
+        fit, over = fitness(serving, self.cfg.ttft_p99_s)
+        if start.verdict is not None:  # the baseline, measured although it failed verification
+            start.verdict.evidence.update(serving=serving, fitness=fit, paths=start.loaded.get("paths"))
+            start.verdict.seconds = time.perf_counter() - t0
+            return start.verdict, srv
+        ev = {"serving": serving, "fitness": fit, "paths": start.loaded.get("paths"),
+              "load_seconds": start.loaded.get("seconds"), "verify": start.verified.get("evidence", {}),
+              "verify_detail": start.verified.get("detail", ""), "over_ceiling": over}
+        return Verdict(Outcome.NOT_FASTER, over or "", "measure", evidence=ev, cases_checked=3,
+                       seconds=time.perf_counter() - t0, baseline="default design"), srv
+
+    def _best_ratio(self) -> float:
+        return self.champion.ratio if self.champion else 0.0
+
+    def _propose(self) -> tuple[D.Design, str, list[str]] | None:
+        ok = sorted((e for e in self.entries if e.ratio > 0), key=lambda e: -e.ratio)
+        seen_knobs = [(e.design.knobs, e.ratio) for e in self.entries]
+        pool: list[tuple[D.Design, str, list[str]]] = []
+        for _ in range(60):
+            r = self.rng.random()
+            if ok and r < 0.55:
+                parent = ok[0] if self.rng.random() < 0.7 else self.rng.choice(ok[:4])
+                knobs, agent, parents = D.mutate(parent.design.knobs, self.rng, 1 + (self.rng.random() < 0.3)), \
+                    "knobs", [parent.design.key]
+                if D.batch_invariant(parent.design.knobs) and self.rng.random() < 0.7:
+                    knobs = D.make_invariant(knobs, self.rng)  # stay in the region that verifies
+            elif len(ok) >= 2 and r < 0.75:
+                a, b = self.rng.sample(ok[:4], 2)
+                knobs, agent, parents = D.crossover(a.design.knobs, b.design.knobs, self.rng), "crossover", \
+                    [a.design.key, b.design.key]
+            elif r < 0.9:
+                knobs, agent, parents = D.make_invariant(D.random_knobs(self.rng), self.rng), "invariant", []
+            else:
+                knobs, agent, parents = D.random_knobs(self.rng), "explore", []
+            try:
+                design = self._build(knobs)
+            except Exception:
+                continue  # a combination the engine refuses: not a design
+            if design.key in self.seen or any(design.key == p[0].key for p in pool):
+                continue
+            pool.append((design, agent, parents))
+            if len(pool) >= 16:
+                break
+        if not pool:
+            return None
+        def score(item):
+            est, dist = predict(item[0].knobs, seen_knobs)
+            return est + 0.15 * dist  # optimism where nothing was measured yet
+        return max(pool, key=score)
+
+    def _confirm(self, challenger: Entry, ch_srv: DesignServer, workdir: Path,
+                 against: Entry) -> tuple[bool, float, float]:
+        """``against`` (the champion, or the default design) and the challenger measured again
+        back to back; both rounds must favour the challenger by min_effect. Returns (won, low
+        ratio, high ratio) of challenger over ``against``."""
+        first = challenger.fitness / against.fitness
+        start = start_design(against.design.config, self.reference, workdir, serve_anyway=against is self.default)
+        if start.server is None:  # it no longer starts: the challenger wins by default
+            return True, first, first
+        try:
+            base_fit, _ = fitness(start.server.measure(self.cfg), self.cfg.ttft_p99_s)
+        finally:
+            start.server.close()
+        ch_fit, over = fitness(ch_srv.measure(self.cfg), self.cfg.ttft_p99_s)
+        second = ch_fit / base_fit if base_fit else float("inf")
+        lo, hi = min(first, second), max(first, second)
+        return (over is None and lo > 1 + self.cfg.min_effect), lo, hi
+
+    def run(self) -> str:
+        from swarmfactory.engine.calibrate import cache_root
+
+        from .verify import reference
+
+        if self.run_id is None:
+            self.run_id = self.store.create_run({"kind": "engine-tune", **self.cfg.to_dict()})
+        else:
+            self.store.set_run_status(self.run_id, "running")
+        self.store.record_problem(self.problem)
+        self.log(f"reference: HF transformers fp32 on {self.model_path.name} (cached after the first run)")
+        ref = reference(self.model_path, cache_root().parent / "engine-reference")
+        del ref
+        from .verify import reference_path
+
+        self.reference = reference_path(self.model_path, cache_root().parent / "engine-reference")
+        self._prior()
+        spent = 0.0
+        for ev in self.store.evaluations(problem=self.problem.name, run_id=self.run_id):
+            spent += ev["seconds"] or 0.0  # a resumed run keeps the budget it had left
+            self.evaluated += ev["purpose"] == "search"
+        deadline = time.monotonic() + max(0.0, self.cfg.time_s - spent)
+        self.progress.start(self.run_id, self.cfg.time_s, self.cfg.budget)
+        status = "interrupted"
+        try:
+            with tempfile.TemporaryDirectory(prefix="sf-tune-") as tmp:
+                self._loop(Path(tmp), deadline)
+            status = "finished"
+        finally:
+            self.progress.stop()
+            self.store.set_run_status(self.run_id, status)
+        return self.run_id
+
+    def _loop(self, workdir: Path, deadline: float) -> None:
+        default = self._build({})
+        verdict, srv = self._evaluate(default, workdir, "default design", baseline=True)
+        if srv:
+            srv.close()
+        fit = verdict.evidence.get("fitness", 0.0)
+        if fit and verdict.outcome.correct:
+            verdict.speedup = verdict.ci_low = verdict.ci_high = 1.0
+            verdict.detail = verdict.detail or f"the default design: {fit:.1f} tok/s (geomean)"
+        elif fit:  # failed verification, measured as the baseline users run today
+            verdict.detail += f" (measured anyway as the baseline: {fit:.1f} tok/s geomean)"
+        eid = self._record(default, verdict, "default", "baseline", [], purpose="baseline")
+        self.seen.add(default.key)
+        if not fit:
+            raise TuneError(f"the default design could not be measured on this machine: {verdict.outcome.value}: "
+                            f"{verdict.detail}")
+        self.default = Entry(default, 1.0, fit, eid)
+        self.default_ok = verdict.outcome.correct
+        # the champion is the best *verified* design; the default counts only if it passed
+        self.champion = self.default if self.default_ok else None
+        if self.default_ok:
+            self.entries.append(self.default)
+        self.log(f"default design: {verdict.outcome.value}, {fit:.1f} tok/s (geomean over {self._pairs()} pairs)"
+                 + ("" if self.default_ok else f"; {verdict.detail}"))
+        while time.monotonic() < deadline and (self.cfg.budget is None or self.evaluated < self.cfg.budget):
+            prop = self._propose()
+            if prop is None:
+                self.log("no new design left to try")
+                break
+            design, agent, parents = prop
+            self.seen.add(design.key)
+            self.evaluated += 1
+            note = f"design {self.evaluated}"
+            self.progress.update(self.evaluated, self._best_ratio(), f"{note}: {design.describe()}")
+            verdict, srv = self._evaluate(design, workdir, note)
+            entry = Entry(design, 0.0, 0.0)
+            new_champion = False
+            try:
+                if srv is not None:
+                    fit = verdict.evidence["fitness"]
+                    entry = Entry(design, fit / self.default.fitness, fit)
+                    verdict.speedup = entry.ratio
+                    verdict.ci_low = verdict.ci_high = entry.ratio
+                    against = self.champion or self.default
+                    within = verdict.evidence.get("over_ceiling") is None
+                    if within and fit > against.fitness * (1 + self.cfg.min_effect):
+                        won, lo, hi = self._confirm(entry, srv, workdir, against)
+                        verdict.evidence["vs_champion"] = [lo, hi]
+                        if won:
+                            verdict.outcome = Outcome.FASTER
+                            verdict.ci_low, verdict.ci_high = lo * against.ratio, hi * against.ratio
+                            verdict.detail = (f"{entry.ratio:.2f}x the default design; beat the "
+                                              f"{'champion' if self.champion else 'default design'} "
+                                              f"twice ({lo:.2f}x, {hi:.2f}x)")
+                            new_champion = True
+                        else:
+                            verdict.detail = f"first round {lo:.2f}-{hi:.2f}x the champion; not confirmed"
+                    if not verdict.detail:
+                        verdict.detail = f"{entry.ratio:.2f}x the default design"
+                    if within and self.champion is None and not new_champion:  # the first verified design
+                        new_champion = True
+                        verdict.detail += " (the first verified design: the default failed verification)"
+            finally:
+                if srv is not None:
+                    srv.close()
+            entry.evaluation_id = self._record(design, verdict, agent, "mutate" if parents else "sample", parents)
+            self.entries.append(entry)
+            self.log(f"{note} {verdict.outcome.value}: {verdict.detail} [{design.describe()}]")
+            if new_champion:
+                self.champion = entry
+                self.store.set_champion(self.problem, design.key, entry.evaluation_id, entry.ratio, self.run_id,
+                                        verdict.detail)
+        if self.champion is None:
+            self.log("no design passed verification: no profile stored")
+        elif self.champion is self.default:
+            self.store.set_champion(self.problem, self.default.design.key, self.default.evaluation_id, 1.0,
+                                    self.run_id, "no design beat the default design on this machine")
+
+    def _pairs(self) -> int:
+        return len(self.cfg.workloads) * len(self.cfg.concurrency)

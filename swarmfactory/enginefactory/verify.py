@@ -1,0 +1,222 @@
+"""End-to-end verification of an engine design, before any of its time is measured.
+
+The reference is HF transformers' fp32 ``LlamaForCausalLM`` loaded from the same GGUF: its
+greedy tokens for ``PROMPTS`` and its logits over the fixed text (engine/data/ppl_text.txt),
+computed once per model file and cached (``reference``). A design passes when
+
+- fp32: its greedy tokens equal the reference's, prompt by prompt;
+- bf16 / q4_1: its logits over the fixed text stay within the bounds of docs/engine.md
+  (``BOUNDS``: max and mean absolute logit error, perplexity change, top-1 agreement);
+- every format: each prompt's tokens are the same alone, batched with the others, and under
+  continuous batching (requests joining mid-flight, another aborted), so serving load never
+  changes an answer.
+
+A failure names the check, the prompt and the first token where the tokens diverged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three colours: red,",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+)
+NEW_TOKENS = 24
+# (max abs logit error, mean abs logit error, relative perplexity change, top-1 agreement)
+BOUNDS = {"bf16": (1.5, 0.15, 0.02, 0.9), "q4_1": (2.0, 0.25, 0.03, 0.9)}
+REFERENCE_VERSION = 1
+
+
+@dataclass
+class Check:
+    ok: bool
+    detail: str
+    evidence: dict = field(default_factory=dict)
+
+
+def _model_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_digest(path: Path) -> str:
+    """sha256 of the model file (cached by path, size and mtime: hashing 100 MB takes ~0.3 s)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _digests:
+        _digests[key] = _model_digest(path)
+    return _digests[key]
+
+
+_digests: dict = {}
+
+
+def ppl_ids(tokenizer) -> list[int]:
+    from importlib.resources import files
+
+    return tokenizer.encode(files("swarmfactory.engine").joinpath("data/ppl_text.txt").read_text())
+
+
+def prompt_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer.encode(p) for p in PROMPTS]
+
+
+def reference_path(model_path: Path, cache: Path) -> Path:
+    return cache / f"reference-v{REFERENCE_VERSION}-{model_digest(model_path)[:20]}.pt"
+
+
+def reference(model_path: Path, cache: Path, threads: int = 0) -> dict:
+    """The HF fp32 reference for ``model_path``: ``{"tokens": [[...]...], "logits": Tensor}``,
+    computed on first use (about 20 s) and cached under ``cache``."""
+    import torch
+
+    path = reference_path(model_path, cache)
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion bars
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    from swarmfactory.engine.gguf_loader import load_gguf
+    from swarmfactory.engine.tokenizer import Tokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    tok = Tokenizer(load_gguf(model_path).metadata)
+    hf = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name,
+                                              dtype=torch.float32)
+    hf.eval()
+    ref = compute_reference(hf, tok)
+    ref["model_sha256"] = model_digest(model_path)
+    save_reference(ref, path)
+    return ref
+
+
+def compute_reference(hf, tokenizer) -> dict:
+    """Greedy tokens (plain argmax, no ``generate`` heuristics) and logits over the fixed text
+    from an fp32 HF model."""
+    import torch
+
+    tokens = []
+    with torch.no_grad():
+        for ids in prompt_ids(tokenizer):
+            seq = list(ids)
+            for _ in range(NEW_TOKENS):
+                seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+            tokens.append(seq[len(ids):])
+        logits = hf(torch.tensor([ppl_ids(tokenizer)])).logits[0].float().contiguous()
+    return {"tokens": tokens, "logits": logits}
+
+
+def save_reference(ref: dict, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(ref, tmp)
+    os.replace(tmp, path)
+
+
+def _diverge(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _compare(name: str, got: list[list[int]], want: list[list[int]], tokenizer, what: str) -> Check | None:
+    for p, (g, w) in enumerate(zip(got, want)):
+        i = _diverge(g, w)
+        if i is not None:
+            gi = g[i] if i < len(g) else None
+            wi = w[i] if i < len(w) else None
+            show = lambda t: "end" if t is None else f"{t} {tokenizer.decode([t])!r}"
+            return Check(False, f"{name}: prompt {p} ({PROMPTS[p][:40]!r}) diverged at token {i}: {what} "
+                                f"{show(wi)}, got {show(gi)}",
+                         {"check": name, "prompt": p, "token": i, "expected": wi, "got": gi})
+    return None
+
+
+def _greedy(engine, ids: list[list[int]]) -> list[list[int]]:
+    return [c.token_ids for c in engine.generate(ids, max_tokens=NEW_TOKENS, ignore_eos=True)]
+
+
+def _continuous(engine, ids: list[list[int]]) -> list[list[int]]:
+    """Two requests start; after three steps the others join with a victim that is aborted one
+    step later; everything runs to the end."""
+    from swarmfactory.engine.sequence import SamplingParams, Status
+
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    seqs = [engine.add_request(i, params) for i in ids[:2]]
+    for _ in range(3):
+        engine.step()
+    seqs += [engine.add_request(i, params) for i in ids[2:]]
+    victim = engine.add_request(ids[0][::-1], params)
+    engine.step()
+    engine.abort(victim)
+    while any(s.status is not Status.FINISHED for s in seqs):
+        engine.step()
+    return [list(s.output_ids) for s in seqs]
+
+
+def verify(engine, ref: dict) -> Check:
+    """Run every check of the module docstring on a loaded engine; the first failure wins."""
+    import torch
+    import torch.nn.functional as F
+
+    tok = engine.tokenizer
+    ids = prompt_ids(tok)
+    evidence: dict = {}
+    alone = [_greedy(engine, [i])[0] for i in ids]
+    weights = engine.config.weights
+    if weights == "fp32":
+        bad = _compare("fp32 tokens vs HF transformers fp32", alone, ref["tokens"], tok, "HF gave")
+        if bad:
+            return bad
+    else:
+        logits = engine.score(ppl_ids(tok))
+        want = ref["logits"]
+        err = (logits - want).abs()
+        nll = lambda lg: F.cross_entropy(lg[:-1], torch.tensor(ppl_ids(tok)[1:])).item()
+        ppl_ref, ppl = math.exp(nll(want)), math.exp(nll(logits))
+        agree = (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
+        evidence.update(max_logit_error=err.max().item(), mean_logit_error=err.mean().item(),
+                        perplexity=ppl, perplexity_fp32=ppl_ref, top1_agreement=agree)
+        mx, mean, rel, min_agree = BOUNDS[weights]
+        fails = []
+        if not err.max().item() <= mx:
+            fails.append(f"max |logit error| {err.max().item():.3f} > {mx}")
+        if not err.mean().item() <= mean:
+            fails.append(f"mean |logit error| {err.mean().item():.3f} > {mean}")
+        if not abs(ppl / ppl_ref - 1) <= rel:
+            fails.append(f"perplexity {ppl:.3f} vs fp32 {ppl_ref:.3f} (bound {rel:.0%})")
+        if not agree >= min_agree:
+            fails.append(f"top-1 agreement {agree:.1%} < {min_agree:.0%}")
+        if fails:
+            worst = int(err.max(-1).values.argmax())
+            return Check(False, f"{weights} logits vs fp32 over the fixed text: " + "; ".join(fails)
+                         + f" (worst at position {worst})", {**evidence, "check": "bounds", "position": worst})
+        evidence["tokens_equal_fp32"] = sum(a == r for a, r in zip(alone, ref["tokens"]))
+    bad = _compare("batched vs alone", _greedy(engine, ids), alone, tok, "alone gave")
+    if bad:
+        return bad
+    bad = _compare("continuous batching vs alone", _continuous(engine, ids), alone, tok, "alone gave")
+    if bad:
+        return bad
+    checks = ["fp32 tokens = HF" if weights == "fp32" else "logit bounds", "batched = alone",
+              "continuous batching with join/abort = alone"]
+    return Check(True, f"{len(ids)} prompts x {NEW_TOKENS} tokens: " + ", ".join(checks), evidence)

@@ -1,0 +1,224 @@
+"""The engine factory: designs, end-to-end verification, a real (tiny) tune run killed with -9 and
+resumed, profiles chosen by `engine serve` and refused where they do not apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from engine_support import THREADS, free_port
+
+from swarmfactory.engine.config import ConfigError, EngineConfig
+from swarmfactory.enginefactory import design as D
+from swarmfactory.enginefactory.verify import (NEW_TOKENS, PROMPTS, compute_reference, reference_path,
+                                               save_reference, verify)
+
+
+# -- designs ---------------------------------------------------------------------------------------
+def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
+    base = EngineConfig(max_seq_len=2048)
+    default = D.build({}, base)
+    assert default.config.native_decode is None and default.config.dense_above is None  # calibrated
+    assert D.build({}, base).key == default.key
+    rng = random.Random(0)
+    keys = set()
+    for _ in range(200):
+        k = D.make_invariant(D.random_knobs(rng), rng)
+        assert D.batch_invariant(k), k
+        d = D.build(k, base)  # every invariant design is a config the engine accepts
+        keys.add(d.key)
+        m = D.mutate(k, rng, 2)
+        assert set(m) == set(D.KNOBS) and all(m[n] in D.KNOBS[n] for n in m)
+    assert len(keys) > 20
+    with pytest.raises(ConfigError, match="unknown design knob"):
+        D.build({"warp_size": 32}, base)
+    with pytest.raises(ConfigError, match="max_batch=7"):
+        D.build({"max_batch": 7}, base)
+    # a bf16 KV cache cannot run the native decoder: the design pins it off rather than failing
+    assert D.build({"kv_dtype": "bf16", "native_decode": 32}, base).config.native_decode == 0
+
+
+# -- verification ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference(hf_model, fp32_engine, model_path, tmp_path_factory):
+    """The HF fp32 reference, from the session's HF model; saved where a tune run looks for it."""
+    ref = compute_reference(hf_model, fp32_engine.tokenizer)
+    cache = tmp_path_factory.mktemp("sfcache")
+    save_reference(ref, reference_path(model_path, cache / "engine-reference"))
+    return ref, cache
+
+
+def test_fp32_engine_passes_and_a_broken_kernel_on_one_op_is_rejected_with_the_divergence(reference):
+    from swarmfactory.engine import Engine
+    from swarmfactory.engine.kernels import Dense, register_kernel
+
+    ref, _ = reference
+    assert len(ref["tokens"]) == len(PROMPTS) and all(len(t) == NEW_TOKENS for t in ref["tokens"])
+
+    class OffByOnePercent(Dense):  # a plausible kernel bug: a scale applied twice, 1% off
+        name = "test_off_by_one_percent"
+
+        def __call__(self, x):
+            return super().__call__(x) * 1.01
+
+    register_kernel(OffByOnePercent)
+    good = Engine(EngineConfig(weights="fp32", threads=THREADS, max_batch=8, max_seq_len=1024))
+    check = verify(good, ref)
+    assert check.ok, check.detail
+    bad = Engine(EngineConfig(weights="fp32", threads=THREADS, max_batch=8, max_seq_len=1024,
+                              kernels={"down": "test_off_by_one_percent"}))
+    check = verify(bad, ref)
+    assert not check.ok
+    assert "diverged at token" in check.detail and "HF gave" in check.detail, check.detail
+    assert check.evidence["check"].startswith("fp32 tokens") and check.evidence["expected"] != check.evidence["got"]
+
+
+def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(reference):
+    from swarmfactory.engine import Engine
+    from swarmfactory.engine.kernels import Dense, register_kernel
+
+    ref, _ = reference
+    base = EngineConfig(threads=THREADS, max_seq_len=1024)
+    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "max_batch": 16, "threads": THREADS}, base).config)
+    check = verify(invariant, ref)
+    assert check.ok, check.detail
+    assert check.evidence["max_logit_error"] <= 2.0 and check.evidence["top1_agreement"] >= 0.9
+
+    lengths = {len(invariant.tokenizer.encode(p)) for p in PROMPTS}
+    rows = len(PROMPTS)  # the batched decode step: four rows, which no prompt alone has
+    assert rows not in lengths
+
+    class WrongAtFourRows(Dense):  # right alone, wrong only when the step has exactly four rows
+        name = "test_wrong_at_four_rows"
+
+        def __call__(self, x):
+            y = super().__call__(x)
+            return y * 1.05 if x.shape[0] == rows else y
+
+    register_kernel(WrongAtFourRows)
+    eng = Engine(EngineConfig(weights="fp32", threads=THREADS, max_batch=8, max_seq_len=1024,
+                              kernels={"gate_up": "test_wrong_at_four_rows"}))
+    check = verify(eng, ref)
+    assert not check.ok
+    assert check.evidence["check"] in ("batched vs alone", "continuous batching vs alone"), check.detail
+    assert "diverged at token" in check.detail
+
+
+# -- a real tune run ---------------------------------------------------------------------------------
+def _cli(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "swarmfactory.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=900, **kw)
+
+
+def _evaluations(db):
+    from swarmfactory.evidence.store import Store
+
+    return Store(str(db), create=False).evaluations()
+
+
+def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_applies(reference, tmp_path,
+                                                                                       model_path):
+    from swarmfactory.hardware import cpu_mask
+
+    if cpu_mask():  # make test-masked re-runs tests/engine for the engine's ISA paths; this one has none
+        pytest.skip("the tune loop is ISA-independent and runs once, unmasked (CI time)")
+    _, cache = reference
+    db = tmp_path / "e.db"
+    env = dict(os.environ, SWARMFACTORY_CACHE=str(cache), SWARMFACTORY_STORE=str(db))
+    args = ["engine", "tune", "--time", "10m", "--budget", "3", "--workloads", "16x8", "--concurrency", "1,2",
+            "--set", f"threads={THREADS}", "--set", "max_batch=16", "--seed", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "swarmfactory.cli", *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while time.time() < deadline:  # kill -9 once the baseline and one design are recorded
+        if db.exists() and len(_evaluations(db)) >= 2:
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _evaluations(db)
+    assert len(before) >= 2
+    from swarmfactory.evidence.store import Store
+
+    st = Store(str(db), create=False)
+    run = st._rows(__import__("sqlalchemy").select(__import__("swarmfactory.evidence.schema",
+                                                               fromlist=["runs"]).runs))[0]
+    assert run["status"] == "running" and run["config"]["kind"] == "engine-tune"
+    time.sleep(1)  # its design servers died with it (PDEATHSIG): nothing left listening on their ports
+    out = _cli("engine", "tune", "--resume", run["id"], env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    after = _evaluations(db)
+    search = [e for e in after if e["purpose"] == "search"]
+    ids = [e["candidate_id"] for e in search]
+    assert len(ids) == len(set(ids)) == 3, "a design evaluated twice, or the budget not spent"
+    assert {e["id"] for e in before} <= {e["id"] for e in after}  # nothing recorded was lost
+    for e in search:  # every verdict names its outcome; measured ones carry their serving figures
+        assert e["outcome"] in ("faster", "not_faster", "wrong", "crashed", "timed_out", "build_failed")
+        if e["outcome"] in ("faster", "not_faster"):
+            assert e["evidence"]["serving"]["16x8"][0]["output_tok_s"] > 0
+        if e["outcome"] == "wrong":
+            assert "diverged" in e["detail"] or "logit" in e["detail"]
+    assert Store(str(db), create=False).run(run["id"])["status"] == "finished"
+
+    from swarmfactory.enginefactory.profiles import all_profiles, choose
+
+    profs = all_profiles(st)
+    verified = [e for e in after if e["outcome"] in ("faster", "not_faster")]
+    if not verified:
+        pytest.fail("no design passed verification in the tiny tune: " + out.stderr[-2000:])
+    assert len(profs) == 1
+    prof, line = choose(st, model_path)
+    assert prof is not None and prof.id == profs[0].id and prof.id[:12] in line
+
+    listed = _cli("engine", "profiles", env=env)
+    assert listed.returncode == 0 and prof.id[:12] in listed.stdout
+
+    # serve picks the profile and says so; /health carries the profile's paths
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "swarmfactory.cli", "engine", "serve", "--port", str(port)],
+                           env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        import httpx
+
+        health = None
+        for _ in range(240):
+            assert srv.poll() is None, srv.stdout.read()
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert health is not None
+    finally:
+        srv.kill()
+        text = srv.communicate()[0]
+    assert f"profile {prof.id[:12]}" in text, text
+    served = EngineConfig.model_validate(__import__("yaml").safe_load(prof.config_yaml))
+    assert f"max batch {served.max_batch}" in text
+
+    # another model file (one byte more): the profile does not apply, serve says so / refuses
+    other = tmp_path / "other.gguf"
+    other.write_bytes(model_path.read_bytes() + b"\0")
+    none, why = choose(st, other)
+    assert none is None and "no tuned profile for this model" in why
+    refused = _cli("engine", "serve", "--model", str(other), "--profile", prof.id[:12], env=env)
+    assert refused.returncode == 2 and "another model file" in refused.stderr, refused.stderr
+    # another toolchain: not used either
+    import swarmfactory.enginefactory.profiles as P
+
+    real = P.current_tools
+    try:
+        P.current_tools = lambda: {**real(), "torch": "0.0.0"}
+        none, why = choose(st, model_path)
+    finally:
+        P.current_tools = real
+    assert none is None and "tuned with torch" in why
