@@ -578,6 +578,11 @@ def table(results: dict, levels: list[int]) -> str:
                             f"{_cell(lv, 'ttft_ms_p99', 0)} | {_cell(lv, 'tpot_ms_median', 1)} | "
                             f"{_cell(lv, 'tpot_ms_p99', 1)} | {lv.get('errors', 0)} | "
                             f"{lv.get('loadavg_1m_after', 0):.1f} | {'n/a' if others is None else f'{others:.0%}'} |")
+        kept = [f"c={lv['concurrency']}: -b {lv['llama_batch']} -ub {lv['llama_ubatch']}"
+                for name, lvs in wres["systems"].items() if "(round " not in name or "(round 1)" in name
+                for lv in lvs if "llama_batch" in lv]
+        if kept:
+            rows += ["", "llama-server batch sizes kept: " + ", ".join(kept)]
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
 
