@@ -1,3 +1,3 @@
 """The bundled CPU suite: one module per problem, each defining ``PROBLEM``."""
 
-NAMES = ("rmsnorm", "softmax", "swiglu", "rope", "q4_1_matmul", "attention_decode")
+NAMES = ("rmsnorm", "softmax", "swiglu", "rope", "q4_1_matmul", "attention_decode", "layernorm")
