@@ -28,6 +28,12 @@ OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 DEFAULT_DENSE_ABOVE = {"qkv": 8, "o": 8, "gate_up": 12, "down": 8, "lm_head": 3}
 DEFAULT_NATIVE_DECODE = 32
 
+# Kernel names with a prefix name a native shared object with the kernel factory's q4_1_matmul
+# ABI (engine/native_seam.py) instead of a registered kernel class.
+KERNEL_PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
+                   "champion": "champion:q4_1_matmul (the evidence store's champion for this hardware)"}
+NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
+
 
 class ConfigError(ValueError):
     """A config could not be built; the message says which key and why."""
@@ -44,7 +50,10 @@ class EngineConfig(BaseModel):
     - ``prefill_chunk``: most prompt tokens processed in one engine step; longer prompts are
       split, so running sequences keep decoding while a long prompt is read.
     - ``kernels``: op -> kernel name for ops in ``OPS``; ops not named use the format's default
-      (see ``kernels.default_kernel``). Names come from the kernel registry.
+      (see ``kernels.default_kernel``). Names come from the kernel registry, or name a native
+      shared object with the kernel factory's q4_1_matmul ABI (``engine/native_seam.py``):
+      ``so:PATH`` (a built library on disk) or ``champion:q4_1_matmul`` (the evidence store's
+      current champion for this hardware, built with the C backend).
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
       fp32 is much cheaper per call than in bf16, which dominates decode attention here.
     - ``dense_above``: q4_1 only; op -> rows. A call of that op with more rows (tokens in the
@@ -102,6 +111,10 @@ class EngineConfig(BaseModel):
                 raise ValueError(f"unknown op {op!r} in {info.field_name} (known: {', '.join(OPS)})")
             if info.field_name == "dense_above" and val < 0:
                 raise ValueError(f"dense_above[{op!r}] must be >= 0")
+            if info.field_name == "kernels":
+                problem = _kernel_name_problem(op, val)
+                if problem:
+                    raise ValueError(problem)
         return v
 
     def resolved_threads(self) -> int:
@@ -128,6 +141,23 @@ class EngineConfig(BaseModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=True)
+
+
+def _kernel_name_problem(op: str, name: str) -> str | None:
+    """What is wrong with kernel name ``name`` for ``op`` as far as can be told without loading
+    anything (a prefixed name's file or champion is looked up when the engine loads)."""
+    prefix, sep, rest = name.partition(":")
+    if not sep:
+        return None if name else f"empty kernel name for op {op!r}"
+    if prefix not in KERNEL_PREFIXES:
+        return (f"unknown kernel prefix {prefix + ':'!r} in {name!r} for op {op!r} "
+                f"(known: {', '.join(KERNEL_PREFIXES.values())})")
+    if not rest.strip():
+        return f"{name!r} for op {op!r} names nothing after {prefix + ':'!r} (expected {KERNEL_PREFIXES[prefix]})"
+    if prefix == "champion" and rest not in NATIVE_PROBLEMS:
+        return (f"{name!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear "
+                f"ops (the engine calls that problem's C ABI)")
+    return None
 
 
 def _one_line(e: ValidationError) -> str:
