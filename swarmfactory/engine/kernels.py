@@ -10,6 +10,9 @@ weight types it accepts, and two methods:
 
 Register new kernels with ``register_kernel`` or the ``swarmfactory.engine_kernels`` entry-point
 group (name -> class); the engine verifies a build end to end (tests/engine), not per kernel.
+Names with a prefix, ``so:PATH`` and ``champion:q4_1_matmul``, are native shared objects built
+by the kernel factory (``native_seam.py``: one ctypes call per op call, each weight checked once
+at load).
 """
 
 from __future__ import annotations
@@ -251,7 +254,18 @@ class Linear:
 def build_linear(weights: str, op: str, weight: Weight, act_dtype: torch.dtype, name: str | None,
                  dense_above: int | None) -> Linear:
     kname = name or default_kernel(weights, op, weight)
-    kernel = kernel_class(kname)(weight, act_dtype)
+    try:
+        if ":" in kname:  # so:PATH, champion:PROBLEM
+            from .native_seam import resolve
+
+            cls = resolve(kname)
+        else:
+            cls = kernel_class(kname)
+        kernel = cls(weight, act_dtype)
+    except KernelError as e:
+        if name is None or str(e).startswith("kernels."):
+            raise
+        raise KernelError(f"kernels.{op}: {e}") from None
     dense = None
     if weights == "q4_1" and dense_above is not None and kname != "dense":
         dense = Dense(weight, act_dtype)

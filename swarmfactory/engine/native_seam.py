@@ -1,0 +1,319 @@
+"""The native seam: shared objects built by the kernel factory run the engine's linear ops.
+
+A config names one per op (``EngineConfig.kernels``):
+
+- ``so:PATH``: a shared object on disk that exports ``q4_1_matmul`` with the factory's ABI;
+- ``champion:q4_1_matmul``: the current champion of that problem for this hardware in the
+  evidence store (``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``), built from its
+  source with the C backend exactly as the harness built it (same flags and checks, same
+  build cache), then loaded.
+
+The ABI is the problem's (``problems/suites/cpu/q4_1_matmul.py``)::
+
+    void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch);
+
+``wq``: the weight W [n, k] as GGUF Q4_1 blocks, row after row (n * k / 32 blocks of 20 bytes:
+fp16 d, fp16 m, 16 bytes of nibbles; ``Weight.blocks()``); ``x``: fp32 [batch, k]; ``y``: fp32
+[batch, n], written. Each op call is one ctypes call on the raw data pointers of contiguous
+tensors (bf16 activations are converted to fp32 and the result back).
+
+Trust: the library runs inside the engine's process with all its rights, unlike in the
+harness's sandbox. Only libraries a user names and champions that passed the harness are
+loaded, and before serving every weight is checked once (``CHECK_ROWS`` rows of random
+activations against the dequantised reference, guard zones around the output, inputs
+unchanged): a broken library fails the load with its error instead of serving wrong tokens.
+Tests that must show a broken kernel caught elsewhere (the engine factory's end-to-end
+verifier) skip that check with ``kernel_class(path, check=False)`` in their own process, or,
+for an engine loaded in a child process, ``SWARMFACTORY_TEST_UNCHECKED_KERNELS=1`` in its
+environment (logged as a warning, and shown as ``checked: false`` in the engine's paths). No
+config key or CLI option reaches either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from .config import KERNEL_PREFIXES, NATIVE_PROBLEMS
+from .kernels import KernelError, LinearKernel, Weight
+
+PROBLEM = "q4_1_matmul"
+SYMBOL = "q4_1_matmul"
+SIGNATURE = ("void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, "
+             "int64_t batch)")
+_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+
+# The load-time check: rows of random activations per weight (one, and an odd few for the tails
+# of a kernel's batch blocking), and the allowed error, |y - ref| <= TOL * (1 + |ref|) against
+# the dequantised weight in fp64. TOL is 10x the harness's tolerance for q4_1_matmul: a kernel
+# that passed the harness is far inside it, a wrong layout, scale or tail far outside.
+CHECK_ROWS = (1, 5)
+CHECK_TOL = 1e-3
+_GUARD = 64  # floats of sentinel on each side of the output
+_SENTINEL = 1234.5
+UNCHECKED_ENV = "SWARMFACTORY_TEST_UNCHECKED_KERNELS"  # tests only: see the module docstring
+
+log = logging.getLogger("swarmfactory.engine")
+
+
+@dataclass(frozen=True)
+class Library:
+    """One loaded shared object and where it came from."""
+
+    spec: str  # as the config names it ("so:..." or "champion:...")
+    path: str  # the file loaded
+    sha256: str
+    origin: str | None = None  # the file the user named (so:) or the store (champion:)
+    candidate: str | None = None  # champion: the candidate's id in the store
+    speedup: float | None = None  # champion: its recorded speedup
+    fn: object = field(default=None, repr=False, compare=False)  # the ctypes function
+
+    def describe(self) -> dict:
+        d = {"spec": self.spec, "path": self.path, "sha256": self.sha256[:16]}
+        if self.origin:
+            d["origin"] = self.origin
+        if self.candidate:
+            d["candidate"] = self.candidate
+        if self.speedup is not None:
+            d["speedup"] = self.speedup
+        return d
+
+    def short(self) -> str:
+        """For the paths line: the file and, for a champion, its candidate id."""
+        if self.candidate:
+            return f"champion {self.candidate} ({self.path})"
+        return f"{self.origin or self.path} (sha256 {self.sha256[:12]})"
+
+
+class NativeLinear(LinearKernel):
+    """A linear op run by a shared object with the q4_1_matmul ABI (see the module docstring).
+
+    Subclasses made by ``kernel_class`` carry the library; ``check`` says whether each weight
+    is checked at construction (on by default)."""
+
+    qtypes = frozenset({QT.Q4_1})
+    library: ClassVar[Library]
+    check: ClassVar[bool] = True
+
+    def __init__(self, weight: Weight, act_dtype: torch.dtype):
+        if not weight.qtypes <= self.qtypes:
+            got = ", ".join(sorted(q.name for q in weight.qtypes))
+            raise KernelError(f"kernel {self.name!r} takes Q4_1 blocks (the {PROBLEM} ABI), but {weight.name} "
+                              f"is stored as {got}; name it for ops stored as Q4_1 only")
+        super().__init__(weight, act_dtype)
+        self.wq = weight.blocks().reshape(-1).contiguous()
+        self._wq_ptr = self.wq.data_ptr()
+        self._fn = self.library.fn
+        if self.check:
+            self.verify(weight)
+
+    def _run(self, xf: torch.Tensor, y: torch.Tensor) -> None:
+        self._fn(self._wq_ptr, xf.data_ptr(), y.data_ptr(), self.out_features, self.in_features, xf.shape[0])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.float32).contiguous()  # no copy for contiguous fp32
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        if x.shape[0]:
+            self._run(xf, y)
+        return y if self.act_dtype == torch.float32 else y.to(self.act_dtype)
+
+    def verify(self, weight: Weight) -> None:
+        """Run the library on ``weight`` and random activations; KernelError if it is wrong."""
+        n, k = self.out_features, self.in_features
+        ref_w = weight.dequantize().double()
+        wq_before = self.wq.clone()
+        g = torch.Generator().manual_seed(20261203)
+        for m in CHECK_ROWS:
+            x = torch.randn(m, k, generator=g).to(self.act_dtype).float()  # values the engine feeds
+            x_before = x.clone()
+            buf = torch.full((_GUARD + m * n + _GUARD,), _SENTINEL, dtype=torch.float32)
+            y = buf[_GUARD:_GUARD + m * n]
+            y.fill_(float("nan"))  # outputs never written stay NaN and fail
+            self._fn(self._wq_ptr, x.data_ptr(), y.data_ptr(), n, k, m)
+            where = f"{weight.name} [{n} x {k}], {m} row(s) of random activations"
+            if not (bool((buf[:_GUARD] == _SENTINEL).all()) and bool((buf[-_GUARD:] == _SENTINEL).all())):
+                raise KernelError(f"kernel {self.name!r} failed its check on {where}: it wrote outside its output")
+            if not torch.equal(x, x_before) or not torch.equal(self.wq, wq_before):
+                raise KernelError(f"kernel {self.name!r} failed its check on {where}: it modified its inputs")
+            ref = x.double() @ ref_w.T
+            err = (y.view(m, n).double() - ref).abs()
+            bad = ~(err <= CHECK_TOL * (1 + ref.abs()))  # NaN counts as bad
+            if bool(bad.any()):
+                worst = torch.nan_to_num(err, nan=float("inf")).max().item()
+                raise KernelError(
+                    f"kernel {self.name!r} failed its check on {where} against the dequantised reference: "
+                    f"max abs error {worst:.4g} (allowed {CHECK_TOL:g} * (1 + |ref|)), {int(bad.sum())} of "
+                    f"{m * n} outputs wrong; a library that fails it is not served")
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+_LOADED: dict[str, Library] = {}  # sha256 of the file loaded -> library
+_FILES: dict[tuple, type[NativeLinear]] = {}  # (realpath, size, mtime_ns, check) -> class
+_CHAMPIONS: dict[tuple, type[NativeLinear]] = {}  # (spec, check) -> class, refreshed per engine load
+
+
+def _checks_on() -> bool:
+    return os.environ.get(UNCHECKED_ENV) != "1"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _load(path: Path, spec: str, sha: str, **info) -> Library:
+    if sha in _LOADED:
+        lib = _LOADED[sha]
+        return Library(spec, lib.path, sha, fn=lib.fn, **info)
+    try:
+        cdll = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+    except OSError as e:
+        raise KernelError(f"{spec}: cannot load {path}: {e}") from None
+    try:
+        fn = getattr(cdll, SYMBOL)
+    except AttributeError:
+        raise KernelError(f"{spec}: {path} does not export `{SYMBOL}` (the engine calls {SIGNATURE})") from None
+    fn.argtypes, fn.restype = _ARGTYPES, None
+    lib = Library(spec, str(path), sha, fn=fn, **info)
+    _LOADED[sha] = lib
+    return lib
+
+
+def _class(lib: Library, check: bool, name: str | None = None) -> type[NativeLinear]:
+    return type(f"NativeLinear_{lib.sha256[:12]}", (NativeLinear,),
+                {"name": name or lib.spec, "library": lib, "check": check})
+
+
+def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> type[NativeLinear]:
+    """A kernel class for the shared object at ``path`` (the q4_1_matmul ABI).
+
+    The file is copied into the build cache under its content hash and loaded from there, so
+    rewriting ``path`` later never changes (or crashes) a running engine, and a new file at the
+    same path is a new library. ``check=False`` skips the load-time check of every weight: only
+    for tests that must show a broken kernel caught elsewhere; register the class under a name
+    (``register_kernel``) and name that in a config."""
+    p = Path(path).expanduser()
+    spec = f"so:{path}"
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise KernelError(f"{spec}: no such shared object ({e.strerror})") from None
+    if not p.is_file():
+        raise KernelError(f"{spec}: {p} is not a file")
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, check, name)
+    if key not in _FILES:
+        from swarmfactory.backends.c import cache_dir
+
+        sha = _sha256(p)
+        copy = cache_dir() / f"engine-so-{sha[:24]}.so"
+        if not copy.exists():
+            tmp = copy.with_suffix(f".tmp{os.getpid()}")
+            shutil.copyfile(p, tmp)
+            os.replace(tmp, copy)
+        _FILES[key] = _class(_load(copy, spec, sha, origin=str(p.resolve())), check, name)
+    return _FILES[key]
+
+
+def _champion_class(spec: str, problem_name: str, check: bool) -> type[NativeLinear]:
+    from swarmfactory.backends.base import BuildError, CheatError
+    from swarmfactory.backends.c import CBackend
+    from swarmfactory.evidence.store import Store, StoreError
+    from swarmfactory.harness.static import check_source
+    from swarmfactory.problems import load_problem
+
+    problem = load_problem(problem_name)
+    if problem.c_signature != SIGNATURE:
+        raise KernelError(f"{spec}: the problem's ABI is now {problem.c_signature}, the engine calls {SIGNATURE}")
+    try:
+        store = Store(None, create=False)
+    except StoreError as e:
+        raise KernelError(f"{spec}: {e}") from None
+    try:
+        champ = store.champion(problem)
+        cand = store.candidate(champ["candidate_id"]) if champ else None
+        where = store.url
+    finally:
+        store.engine.dispose()
+    if champ is None:
+        raise KernelError(f"{spec}: no champion of {problem_name} for this hardware (and this version of the "
+                          f"problem) in {where}; run the kernel factory on it first "
+                          f"(`swarmfactory run --problems {problem_name}`)")
+    if cand is None:
+        raise KernelError(f"{spec}: champion {champ['candidate_id']} is missing from the candidates of {where}")
+    if cand["backend"] != "c":
+        raise KernelError(f"{spec}: champion {cand['id']} is built by backend {cand['backend']!r}; the engine "
+                          "loads C kernels only")
+    # as the harness built it (default flags, the ABI declared ahead, static checks): its cache entry
+    reason = check_source(cand["source"])
+    if reason:
+        raise KernelError(f"{spec}: champion {cand['id']} fails the static check: {reason}")
+    try:
+        art = CBackend().build(cand["source"], problem.name, prototype=problem.c_prototype, checks=True)
+    except (BuildError, CheatError) as e:
+        raise KernelError(f"{spec}: champion {cand['id']} did not build: {e}") from None
+    path = Path(art.path)
+    lib = _load(path, spec, _sha256(path), origin=where, candidate=cand["id"], speedup=champ.get("speedup"))
+    return _class(lib, check)
+
+
+def resolve(spec: str, refresh: bool = False) -> type[NativeLinear]:
+    """The kernel class a prefixed kernel name (``so:PATH``, ``champion:PROBLEM``) stands for.
+
+    A champion is looked up once and kept until ``refresh`` (the engine refreshes at each load,
+    so a new champion is picked up by the next engine)."""
+    prefix, _, rest = spec.partition(":")
+    check = _checks_on()
+    if prefix == "so":
+        return kernel_class(rest, check=check)
+    if prefix == "champion":
+        if rest not in NATIVE_PROBLEMS:
+            raise KernelError(f"{spec}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear ops")
+        if refresh or (spec, check) not in _CHAMPIONS:
+            _CHAMPIONS[spec, check] = _champion_class(spec, rest, check)
+        return _CHAMPIONS[spec, check]
+    raise KernelError(f"unknown kernel prefix {prefix + ':'!r} in {spec!r} "
+                      f"(known: {', '.join(KERNEL_PREFIXES.values())})")
+
+
+def is_native(name: str | None) -> bool:
+    return bool(name) and name.partition(":")[0] in KERNEL_PREFIXES and ":" in name
+
+
+def resolve_all(kernels: dict[str, str]) -> dict[str, type[NativeLinear]]:
+    """Look up every prefixed kernel a config names, afresh: op -> kernel class. Errors name
+    the op."""
+    out: dict[str, type[NativeLinear]] = {}
+    seen: dict[str, type[NativeLinear]] = {}
+    for op, name in kernels.items():
+        if not is_native(name):
+            continue
+        if name not in seen:
+            try:
+                seen[name] = resolve(name, refresh=True)
+            except KernelError as e:
+                raise KernelError(f"kernels.{op}: {e}") from None
+        out[op] = seen[name]
+    if out and not _checks_on():
+        log.warning("%s=1: the native kernels (%s) are NOT checked before use (tests only)", UNCHECKED_ENV,
+                    ", ".join(f"{op}={name}" for op, name in kernels.items() if op in out))
+    return out
+
+
+def describe_all(kernels: dict[str, str]) -> dict[str, dict]:
+    """``resolve_all`` as the engine reports it (paths): op -> where its library came from."""
+    return {op: {**cls.library.describe(), "checked": cls.check,
+                 "short": cls.library.short() + ("" if cls.check else " UNCHECKED")}
+            for op, cls in resolve_all(kernels).items()}
