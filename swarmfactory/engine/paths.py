@@ -22,6 +22,7 @@ from .config import DEFAULT_DENSE_ABOVE, OPS, EngineConfig
 from .kernels import Dense
 from .model import Llama
 from .native import NativeUnavailable, load_checked
+from .native_seam import describe_all
 
 log = logging.getLogger("swarmfactory.engine")
 
@@ -41,12 +42,14 @@ class Paths:
     dense_above: dict[str, int] = field(default_factory=dict)
     thresholds: str = "config"
     fallbacks: list[str] = field(default_factory=list)
+    native_kernels: dict[str, dict] = field(default_factory=dict)  # op -> shared object (native_seam)
 
     def as_dict(self) -> dict:
         return {"cpu": self.cpu, "mask": self.mask, "torch_cpu": self.torch_cpu, "dense": self.dense,
                 "q4_kernel": self.q4_kernel, "native": self.native, "native_decode": self.native_decode,
                 "native_prefill": self.native_prefill, "dense_above": dict(self.dense_above),
-                "thresholds": self.thresholds, "fallbacks": list(self.fallbacks)}
+                "thresholds": self.thresholds, "fallbacks": list(self.fallbacks),
+                "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()}}
 
     def summary(self) -> str:
         """One line for logs and `engine serve`."""
@@ -64,6 +67,9 @@ class Paths:
             parts.append("native decoder off")
         if self.q4_kernel:
             parts.append(f"thresholds: {self.thresholds}")
+        if self.native_kernels:
+            parts.append("native kernels: "
+                         + ", ".join(f"{op}={v['short']}" for op, v in self.native_kernels.items()))
         return "; ".join(parts)
 
 
@@ -97,6 +103,10 @@ def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None
                                             "dense copies of the dequantised weights"))
         if cfg.kernels:
             paths.q4_kernel += " (config names: " + ", ".join(f"{k}={v}" for k, v in cfg.kernels.items()) + ")"
+
+    # Shared objects the config names (so:PATH, champion:PROBLEM): looked up afresh at each load,
+    # before the model is built (each weight is then checked as its op is built).
+    paths.native_kernels = describe_all(cfg.kernels)
 
     lib = None
     if cfg.native_applies():
