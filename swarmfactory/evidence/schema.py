@@ -134,6 +134,9 @@ roofs = Table(
     _created(),
 )
 
+# Written by the analyst (swarmfactory/knowledge/analyst.py). A lesson's identity is data["key"]
+# and its status data["status"] (active | retired, with data["why"]); a status change is a new row,
+# so the latest row of a key is the lesson as it stands and its earlier rows are its history.
 lessons = Table(
     "lessons", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),

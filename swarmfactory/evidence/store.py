@@ -291,15 +291,52 @@ class Store:
         return self._rows(q)
 
     # -- lessons --------------------------------------------------------------------------------------
-    def add_lesson(self, problem: str | None, agent: str, text: str, data: dict, run_id: str | None) -> None:
-        self._exec(insert(S.lessons).values(problem=problem, hardware_id=self.hardware["id"],
-                                            agent=agent, text=text, data=_jsonable(data), run_id=run_id))
+    # A lesson's identity is ``data["key"]``; each status change (or a material update of its
+    # figures) is a new row, never an edit: the latest row of a key is the lesson as it stands.
+    def add_lesson(self, problem: str | None, agent: str, text: str, data: dict, run_id: str | None,
+                   hardware_id: str | None = None) -> int:
+        res = self._exec(insert(S.lessons).values(problem=problem, hardware_id=hardware_id or self.hardware["id"],
+                                                  agent=agent, text=text, data=_jsonable(data), run_id=run_id))
+        return int(res.inserted_primary_key[0])
 
     def lessons(self, problem: str | None = None, limit: int = 50) -> list[dict]:
+        """The latest ``limit`` lesson rows of this hardware (every status change), newest first."""
         q = select(S.lessons).where(S.lessons.c.hardware_id == self.hardware["id"])
         if problem:
             q = q.where(S.lessons.c.problem == problem)
         return self._rows(q.order_by(S.lessons.c.id.desc()).limit(limit))
+
+    def current_lessons(self, problem: str | None = None, include_retired: bool = False) -> list[dict]:
+        """Each lesson as it stands (its latest row, any hardware), oldest first; ``history`` holds
+        its earlier rows. Active ones only unless ``include_retired``."""
+        q = select(S.lessons).order_by(S.lessons.c.id)
+        if problem:
+            q = q.where(S.lessons.c.problem == problem)
+        latest: dict[str, dict] = {}
+        for row in self._rows(q):
+            key = (row["data"] or {}).get("key") or f"row:{row['id']}"
+            row["key"], row["status"] = key, (row["data"] or {}).get("status", "active")
+            row["history"] = [*latest[key]["history"], _without_history(latest[key])] if key in latest else []
+            latest[key] = row
+        rows = sorted(latest.values(), key=lambda r: r["id"])
+        return [r for r in rows if include_retired or r["status"] == "active"]
+
+    def evaluated_problems(self) -> list[str]:
+        """Names of the problems that have evaluations, in name order."""
+        return [r["problem"] for r in self._rows(select(S.evaluations.c.problem).distinct()
+                                                  .order_by(S.evaluations.c.problem))]
+
+    def knob_evidence(self, problem: str) -> list[dict]:
+        """Every evaluation of ``problem`` (any hardware) with its candidate's knobs and agent: what
+        the analyst reads. One query, no sources."""
+        e, c = S.evaluations, S.candidates
+        q = (select(e.c.id, e.c.candidate_id, e.c.problem, e.c.problem_spec, e.c.hardware_id, e.c.hardware,
+                    e.c.purpose, e.c.outcome, e.c.speedup, e.c.shapes, e.c.run_id, c.c.knobs, c.c.agent)
+             .join(c, c.c.id == e.c.candidate_id).where(e.c.problem == problem).order_by(e.c.id))
+        return self._rows(q)
+
+def _without_history(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "history"}
 
 
 def _tools_key() -> str:
