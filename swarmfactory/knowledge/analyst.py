@@ -1,0 +1,382 @@
+"""The analyst: lessons from the evidence store, re-checked as evidence grows.
+
+It proposes nothing; it reads what the swarm measured and writes ``lessons``. A lesson is a claim
+about two values of one knob of one problem on one machine:
+
+    on rmsnorm (rows 1-128, cols 576), threads=none beats threads=omp by 1.40x [1.30, 1.50],
+    31 evaluations, 12 matched pairs, AMD EPYC avx512
+
+**Evidence.** Every correct evaluation (``faster`` or ``not_faster``: search, eval or re-measure)
+of a knob candidate of the problem's current spec on that machine. A candidate that was ever
+``wrong``, ``cheated`` or ``crashed`` is left out entirely: a broken kernel teaches nothing about
+what is fast. A configuration's figure is the geometric mean of its evaluations' speedups (or,
+for a subset of the workload, of its per-shape speedups on that subset).
+
+**Effect.** The ratio of geometric-mean speedups of configurations with ``knob=a`` to those with
+``knob=b``. Matched where the data allows: two configurations identical in every other knob are a
+pair, and with at least ``MIN_PAIRS`` pairs the effect is the geometric mean of the pairs' ratios
+and its 95% CI a percentile bootstrap over pairs. Otherwise, with at least ``MIN_PER_SIDE``
+configurations on each side, it is the ratio of the two sides' geometric means, each side
+resampled on its own ("unmatched": the other knobs are not held equal, and the claim says so).
+
+**Scope.** The whole workload (the recorded speedup, itself a geometric mean over the workload
+shapes); and where the effect is not the same on every shape, the shapes on which each direction
+holds shape by shape, as a claim of its own.
+
+**Rule.** A claim becomes a lesson when its 95% CI excludes 1 and the better value is at least
+``MIN_EFFECT`` (5%) faster, with the support above. Each time the analyst runs, every lesson of
+the problem and machine is re-checked on all the evidence there is now: it stays active while
+its CI still excludes 1 in its direction (no minimum effect: hysteresis against flapping) and
+is *retired*, with why, when the CI includes 1 or lies on the other side. A retired lesson
+whose claim qualifies again becomes active again (its history is kept).
+
+**Identity.** The store is append-only: a lesson's identity is ``data["key"]`` (problem,
+machine, knob, better > worse, scope) and every status change is a new row, so the latest row of
+a key is the lesson as it stands (``Store.current_lessons``). An active lesson is also
+re-recorded, with fresh figures, once its support has grown by half.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Iterable
+
+import numpy as np
+
+from swarmfactory.agents.base import knob_key
+
+AGENT = "analyst"
+CORRECT = ("faster", "not_faster")
+INVALIDATING = ("wrong", "cheated", "crashed")
+MIN_PAIRS = 4          # matched pairs for a matched estimate
+MIN_PER_SIDE = 6       # configurations on each side for an unmatched one
+MIN_EFFECT = 1.05      # a new lesson's better value is at least 5% faster
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+REFRESH_GROWTH = 1.5   # an active lesson is re-recorded once its support grew by this factor
+RULE = (f"{CONFIDENCE:.0%} bootstrap CI of the ratio excludes 1 and the ratio is at least {MIN_EFFECT:g}, "
+        f"from >= {MIN_PAIRS} matched pairs or >= {MIN_PER_SIDE} configurations per side; retired when a "
+        "re-check's CI includes 1 or lies on the other side")
+
+
+@dataclass
+class Config:
+    """One knob configuration as measured on one machine."""
+
+    knobs: dict
+    evals: list[int]
+    log_speedup: float
+    log_shapes: dict[str, float]   # shape key -> mean log speedup on that shape
+
+
+@dataclass
+class Estimate:
+    """Geometric-mean speedup with knob=a over knob=b, with its CI."""
+
+    ratio: float
+    low: float
+    high: float
+    support: list[int]   # evaluation ids
+    pairs: int
+    method: str          # matched | unmatched
+
+    def favours(self) -> int:
+        """+1: a is faster, -1: b is faster, 0: the CI includes 1."""
+        return 1 if self.low > 1.0 else -1 if self.high < 1.0 else 0
+
+    def flipped(self) -> "Estimate":
+        """The same comparison read as knob=b over knob=a."""
+        return Estimate(1 / self.ratio, 1 / self.high, 1 / self.low, self.support, self.pairs, self.method)
+
+    def oriented(self, a_better: bool) -> tuple[float, float, float]:
+        """(ratio, low, high) of the better value over the worse one as the claim states it."""
+        return (self.ratio, self.low, self.high) if a_better else (1 / self.ratio, 1 / self.high, 1 / self.low)
+
+
+def shape_key(shape: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+def scope_key(scope: list[str] | None) -> str:
+    return "all" if scope is None else ";".join(sorted(scope))
+
+
+def lesson_key(problem: str, hardware_id: str, knob: str, better: Any, worse: Any, scope: list[str] | None) -> str:
+    return f"{problem}|{hardware_id}|{knob}:{better}>{worse}|{scope_key(scope)}"
+
+
+def isa_label(features: list[str] | tuple[str, ...]) -> str:
+    f = set(features or ())
+    for flag, label in (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sve", "sve"),
+                        ("asimd", "neon"), ("neon", "neon"), ("sse4_2", "sse4.2")):
+        if flag in f:
+            return label
+    return "baseline ISA"
+
+
+def hardware_info(hw: dict) -> dict:
+    model = re.sub(r"\((R|TM|tm|r)\)|\bCPU\b|\bProcessor\b|\b\d+-Core\b|@.*$", "", hw.get("model") or "?")
+    model = " ".join(model.split()) or hw.get("arch") or "?"
+    return {"id": hw.get("id"), "model": model, "isa": isa_label(hw.get("features") or ()),
+            "cpus": hw.get("cpus"), "features": list(hw.get("features") or ()), "mask": hw.get("mask")}
+
+
+def hardware_label(info: dict) -> str:
+    return f"{info['model']} {info['isa']}" + (f" (masked {info['mask']})" if info.get("mask") else "")
+
+
+# -- evidence ------------------------------------------------------------------------------------------
+def configurations(rows: list[dict], spec: str, hardware_id: str) -> tuple[dict[str, Config], list[dict]]:
+    """The measured configurations of one spec on one machine, and the workload shapes seen."""
+    rows = [r for r in rows if r["problem_spec"] == spec and r["hardware_id"] == hardware_id]
+    bad = {r["candidate_id"] for r in rows if r["outcome"] in INVALIDATING}
+    groups: dict[str, list[dict]] = {}
+    shapes: dict[str, dict] = {}
+    for r in rows:
+        if (r["candidate_id"] in bad or r["outcome"] not in CORRECT or not isinstance(r["knobs"], dict)
+                or not r["knobs"] or not r["speedup"] or r["speedup"] <= 0):
+            continue
+        groups.setdefault(knob_key(r["knobs"]), []).append(r)
+        for s in r["shapes"] or []:
+            shapes.setdefault(shape_key(s["shape"]), dict(s["shape"]))
+    configs = {}
+    for key, evs in groups.items():
+        per_shape: dict[str, list[float]] = {}
+        for ev in evs:
+            for s in ev["shapes"] or []:
+                if s.get("speedup") and s["speedup"] > 0:
+                    per_shape.setdefault(shape_key(s["shape"]), []).append(math.log(s["speedup"]))
+        configs[key] = Config(dict(evs[0]["knobs"]), [e["id"] for e in evs],
+                              float(np.mean([math.log(e["speedup"]) for e in evs])),
+                              {k: float(np.mean(v)) for k, v in per_shape.items()})
+    return configs, list(shapes.values())
+
+
+def _value(cfg: Config, scope: list[str] | None) -> float | None:
+    if scope is None:
+        return cfg.log_speedup
+    vals = [cfg.log_shapes.get(s) for s in scope]
+    return None if any(v is None for v in vals) else sum(vals) / len(vals)
+
+
+def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[str] | None = None) -> Estimate | None:
+    """knob=a against knob=b over ``scope`` (None: the whole workload); None without the support
+    the rule asks for."""
+    sides: tuple[dict, dict] = ({}, {})
+    for cfg in configs.values():
+        if knob not in cfg.knobs or cfg.knobs[knob] not in (a, b):
+            continue
+        x = _value(cfg, scope)
+        if x is not None:
+            rest = knob_key({k: v for k, v in cfg.knobs.items() if k != knob})
+            sides[0 if cfg.knobs[knob] == a else 1][rest] = (x, cfg)
+    rng = np.random.default_rng(zlib.crc32(f"{knob}|{a}|{b}|{scope_key(scope)}".encode()))
+    matched = [k for k in sides[0] if k in sides[1]]
+    if len(matched) >= MIN_PAIRS:
+        d = np.array([sides[0][k][0] - sides[1][k][0] for k in matched])
+        boot = d[rng.integers(0, len(d), (RESAMPLES, len(d)))].mean(axis=1)
+        point, used, pairs, method = d.mean(), [sides[i][k][1] for k in matched for i in (0, 1)], len(matched), "matched"
+    elif min(len(sides[0]), len(sides[1])) >= MIN_PER_SIDE:
+        xa = np.array([x for x, _ in sides[0].values()])
+        xb = np.array([x for x, _ in sides[1].values()])
+        boot = (xa[rng.integers(0, len(xa), (RESAMPLES, len(xa)))].mean(axis=1)
+                - xb[rng.integers(0, len(xb), (RESAMPLES, len(xb)))].mean(axis=1))
+        point, used, pairs, method = xa.mean() - xb.mean(), [c for s in sides for _, c in s.values()], 0, "unmatched"
+    else:
+        return None
+    alpha = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(boot, [alpha, 1 - alpha])
+    return Estimate(math.exp(point), math.exp(lo), math.exp(hi), sorted(e for c in used for e in c.evals),
+                    pairs, method)
+
+
+# -- claims ----------------------------------------------------------------------------------------------
+def scope_label(features: dict) -> str:
+    """``rows 1-128, cols 576`` for a whole workload; the shapes themselves for a subset."""
+    dims = features.get("dims") or {}
+    if features.get("coverage", 1.0) < 1.0 and features.get("shapes"):
+        return (" x ".join(dims) + " " + ", ".join("x".join(str(v) for v in s.values())
+                                                    for s in features["shapes"]))
+    return ", ".join(f"{d} {lo}" if lo == hi else f"{d} {lo}-{hi}" for d, (lo, hi) in dims.items())
+
+
+def claim_text(problem: str, features: dict, knob: str, better: Any, worse: Any, effect: tuple[float, float, float],
+               evaluations: int, pairs: int, method: str, hardware: dict) -> str:
+    r, lo, hi = effect
+    how = f"{pairs} matched pairs" if method == "matched" else "unmatched"
+    return (f"on {problem} ({scope_label(features)}), {knob}={better} beats {knob}={worse} by {r:.2f}x "
+            f"[{lo:.2f}, {hi:.2f}], {evaluations} evaluations, {how}, {hardware_label(hardware)}")
+
+
+def _features(problem, name: str, knob: str, scope_shapes: list[dict], all_shapes: list[dict]) -> dict:
+    dims: dict[str, list[int]] = {}
+    for s in scope_shapes:
+        for d, v in s.items():
+            lo, hi = dims.get(d, [v, v])
+            dims[d] = [min(lo, v), max(hi, v)]
+    f: dict[str, Any] = {"problem": name, "dims": dims, "shapes": scope_shapes,
+                         "coverage": len(scope_shapes) / max(1, len(all_shapes))}
+    if problem is not None:
+        f["aspect"] = problem.knob_aspects.get(knob)
+        try:
+            if problem.roofline is not None:
+                rl = [problem.roofline(s) for s in scope_shapes]
+                f["bytes"] = [min(x.bytes for x in rl), max(x.bytes for x in rl)]
+                f["flops"] = [min(x.flops for x in rl), max(x.flops for x in rl)]
+        except Exception:
+            pass  # a shape the roofline does not know: no size features
+    return f
+
+
+def _load(name: str):
+    from swarmfactory.problems import load_problem
+
+    try:
+        return load_problem(name)
+    except Exception:
+        return None
+
+
+class Analyst:
+    """Writes and re-checks lessons; ``update`` is cheap (one query per problem, numpy bootstraps)."""
+
+    name = AGENT
+
+    def __init__(self, store):
+        self.store = store
+
+    def update(self, problems: Iterable | None = None, run_id: str | None = None,
+               hardware_ids: Iterable[str] | None = None) -> list[dict]:
+        """Analyse ``problems`` (Problem objects or names; default: every problem with evidence) on
+        ``hardware_ids`` (default: every machine in the store); record new, re-checked and retired
+        lessons with ``run_id``; return the rows written."""
+        written: list[dict] = []
+        names = problems if problems is not None else self.store.evaluated_problems()
+        hw_filter = None if hardware_ids is None else set(hardware_ids)
+        for prob in names:
+            name = prob if isinstance(prob, str) else prob.name
+            problem = _load(name) if isinstance(prob, str) else prob
+            rows = self.store.knob_evidence(name)
+            current = self.store.current_lessons(name, include_retired=True)
+            machines: dict[str, dict] = {}
+            for r in rows:
+                machines[r["hardware_id"]] = r["hardware"]
+            for hw_id, hw in machines.items():
+                if hw_filter is not None and hw_id not in hw_filter:
+                    continue
+                spec = problem.spec_hash() if problem is not None else \
+                    next(r["problem_spec"] for r in reversed(rows) if r["hardware_id"] == hw_id)
+                mine = {r["key"]: r for r in current if r["hardware_id"] == hw_id}
+                written += self._analyse(name, problem, spec, hw_id, hardware_info(hw), rows, mine, run_id)
+        return written
+
+    def _analyse(self, name, problem, spec, hw_id, hw, rows, current, run_id) -> list[dict]:
+        configs, shapes = configurations(rows, spec, hw_id)
+        if len(configs) < 2:
+            return []
+        if problem is not None and problem.knobs:
+            domain = {k: list(v) for k, v in problem.knobs.items()}
+        else:
+            domain = {}
+            for c in configs.values():
+                for k, v in c.knobs.items():
+                    if v not in domain.setdefault(k, []):
+                        domain[k].append(v)
+        all_keys = [shape_key(s) for s in shapes]
+        by_key = {shape_key(s): s for s in shapes}
+        found: dict[tuple, Estimate | None] = {}   # (knob, a, b, scope) -> estimate, a before b as JSON
+
+        def est(knob, a, b, scope):
+            """One computation per comparison, whichever way round it is asked for."""
+            ja, jb = json.dumps(a), json.dumps(b)
+            swap = ja > jb
+            k = (knob, jb, ja, scope_key(scope)) if swap else (knob, ja, jb, scope_key(scope))
+            if k not in found:
+                found[k] = estimate(configs, knob, b, a, scope) if swap else estimate(configs, knob, a, b, scope)
+            e = found[k]
+            return e.flipped() if (e is not None and swap) else e
+
+        claims = []  # (knob, a, b, scope, estimate)
+        for knob, values in domain.items():
+            seen = [v for v in values if any(c.knobs.get(knob) == v for c in configs.values())]
+            for a, b in combinations(seen, 2):
+                whole = est(knob, a, b, None)
+                if whole is None:
+                    continue
+                claims.append((knob, a, b, None, whole))
+                if len(all_keys) < 2:
+                    continue
+                per = {s: est(knob, a, b, [s]) for s in all_keys}
+                for d in (1, -1):
+                    subset = [s for s in all_keys if per[s] is not None and per[s].favours() == d]
+                    if subset and len(subset) < len(all_keys) and whole.favours() != d:
+                        part = est(knob, a, b, subset)
+                        if part is not None:
+                            claims.append((knob, a, b, subset, part))
+
+        def features(knob, scope):
+            scope_shapes = shapes if scope is None else [by_key[s] for s in scope if s in by_key]
+            return _features(problem, name, knob, scope_shapes, shapes)
+
+        out = []
+        # re-check every lesson of this problem and machine on the evidence there is now
+        for key, row in current.items():
+            d = row["data"]
+            if row["status"] != "active" or d.get("spec", spec) != spec:
+                continue
+            knob, better, worse, scope = d["knob"], d["better"], d["worse"], d.get("scope")
+            if scope is not None and not all(s in by_key for s in scope):
+                continue
+            e = est(knob, better, worse, scope)
+            if e is None:
+                continue  # too little valid evidence to say either way: a lesson is retired by evidence only
+            r, lo, hi = e.oriented(True)
+            if e.favours() == 1:
+                if len(e.support) >= REFRESH_GROWTH * d.get("evaluations", len(e.support)):
+                    out.append(self._write(name, hw_id, hw, spec, knob, better, worse, scope, e, True,
+                                           features(knob, scope), "active", "re-checked: still holds", run_id))
+                continue
+            now = f"{knob}={better} vs {knob}={worse} is now {r:.2f}x [{lo:.2f}, {hi:.2f}] over {len(e.support)} evaluations"
+            why = (f"contradicted: {now}" if e.favours() == -1 else f"no longer supported: {now}, the CI includes 1")
+            data = {**d, "status": "retired", "why": why,
+                    "recheck": {"effect": r, "ci_low": lo, "ci_high": hi, "evaluations": len(e.support),
+                                "pairs": e.pairs, "method": e.method, "support": e.support}}
+            self.store.add_lesson(name, AGENT, row["text"], data, run_id, hardware_id=hw_id)
+            out.append({"key": key, "problem": name, "status": "retired", "text": row["text"], "why": why})
+            current[key] = {**row, "status": "retired", "data": data}
+        # new lessons, and retired ones whose claim qualifies again
+        for knob, a, b, scope, e in claims:
+            if e.favours() == 0:
+                continue
+            a_better = e.favours() == 1
+            better, worse = (a, b) if a_better else (b, a)
+            if e.oriented(a_better)[0] < MIN_EFFECT:
+                continue
+            key = lesson_key(name, hw_id, knob, better, worse, scope)
+            prev = current.get(key)
+            if prev is not None and prev["status"] == "active" and prev["data"].get("spec", spec) == spec:
+                continue
+            why = ("new" if prev is None else "re-established: the claim qualifies again" if prev["status"] != "active"
+                   else "re-derived for the problem's current spec")
+            out.append(self._write(name, hw_id, hw, spec, knob, a, b, scope, e, a_better, features(knob, scope),
+                                   "active", why, run_id))
+            current[key] = {"status": "active", "data": {"spec": spec}}
+        return out
+
+    def _write(self, name, hw_id, hw, spec, knob, a, b, scope, e: Estimate, a_better: bool, features: dict,
+               status: str, why: str, run_id) -> dict:
+        better, worse = (a, b) if a_better else (b, a)
+        effect = e.oriented(a_better)
+        key = lesson_key(name, hw_id, knob, better, worse, scope)
+        text = claim_text(name, features, knob, better, worse, effect, len(e.support), e.pairs, e.method, hw)
+        data = {"key": key, "status": status, "why": why, "knob": knob, "better": better, "worse": worse,
+                "effect": effect[0], "ci_low": effect[1], "ci_high": effect[2], "confidence": CONFIDENCE,
+                "method": e.method, "pairs": e.pairs, "evaluations": len(e.support), "support": e.support,
+                "scope": scope, "features": features, "hardware": hw, "spec": spec, "rule": RULE}
+        self.store.add_lesson(name, AGENT, text, data, run_id, hardware_id=hw_id)
+        return {"key": key, "problem": name, "status": status, "text": text, "why": why}
