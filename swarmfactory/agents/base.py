@@ -42,9 +42,16 @@ class Entry:
         return self.outcome in ("faster", "not_faster")
 
 
+PRIOR_FLOOR = 0.2  # share of every prior-shaped choice that stays uniform: a wrong lesson rules nothing out
+
+
 @dataclass
 class Board:
-    """What an agent may read: the problem, what has been tried, the champion, lessons."""
+    """What an agent may read: the problem, what has been tried, the champion, lessons.
+
+    ``lessons`` are one-line claims (most relevant first) for prompts; ``priors`` their effect on
+    knob values (knob -> value -> relative weight, 1 neutral; ``knowledge.priors``). Without
+    priors ``pick`` and ``prefer`` draw exactly as a uniform choice would."""
 
     problem: Problem
     entries: list[Entry]
@@ -52,6 +59,7 @@ class Board:
     lessons: list[str]
     rng: random.Random
     budget_left: int | None = None
+    priors: dict[str, dict[Any, float]] = field(default_factory=dict)
 
     def elites(self, k: int = 8) -> list[Entry]:
         good = [e for e in self.entries if e.correct and e.speedup is not None]
@@ -59,6 +67,34 @@ class Board:
 
     def tried(self) -> set[str]:
         return {knob_key(e.knobs) for e in self.entries if e.knobs is not None}
+
+    def weights(self, knob: str, values: list) -> list[float] | None:
+        """Choice probabilities of ``values`` for ``knob`` under the priors (mixed with a uniform
+        share, PRIOR_FLOOR); None when no lesson speaks about them."""
+        w = self.priors.get(knob)
+        if not w or len(values) < 2 or not any(v in w for v in values):
+            return None
+        raw = [w.get(v, 1.0) for v in values]
+        total = sum(raw)
+        return [(1 - PRIOR_FLOOR) * r / total + PRIOR_FLOOR / len(values) for r in raw]
+
+    def pick(self, knob: str, values) -> Any:
+        """One of ``values`` for ``knob``: prior-weighted where lessons speak, else uniform."""
+        values = list(values)
+        probs = self.weights(knob, values)
+        if probs is None:
+            return self.rng.choice(values)
+        x, acc = self.rng.random(), 0.0
+        for v, p in zip(values, probs):
+            acc += p
+            if x < acc:
+                return v
+        return values[-1]
+
+    def prefer(self, knob: str, a: Any, b: Any) -> float:
+        """The probability of taking ``a`` rather than ``b`` for ``knob`` (1/2 without priors)."""
+        probs = self.weights(knob, [a, b]) if a != b else None
+        return 0.5 if probs is None else probs[0]
 
 
 def knob_key(knobs: dict[str, Any] | None) -> str:

@@ -1,4 +1,5 @@
-"""Crossover: uniform recombination of two elites' knobs."""
+"""Crossover: recombination of two elites' knobs, each knob from one parent: even odds, or where
+lessons speak about the two values, odds from the board's priors."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ class CrossoverAgent(Agent):
             if len(out) >= n:
                 break
             a, b = rng.sample(elites, 2)
-            knobs = {k: (a.knobs if rng.random() < 0.5 else b.knobs).get(k, a.knobs.get(k))
-                     for k in board.problem.knobs}
+            knobs = {}
+            for k in board.problem.knobs:
+                va, vb = a.knobs.get(k), b.knobs.get(k, a.knobs.get(k))
+                knobs[k] = va if rng.random() < board.prefer(k, va, vb) else vb
             prop = knob_proposal(board, knobs, self.name, "uniform", [a, b])
             if prop:
                 out.append(prop)

@@ -1,8 +1,11 @@
 """Knob agents: each mutates elites along one aspect of a template's design space.
 
 Aspects are declared per knob by the problem (``knob_aspects``): blocking, vectorisation,
-threading, unrolling, algorithm. Also here: the seed agent (the template's defaults) and the
-random-restart agent (uniform samples of the valid space, for diversity).
+threading, unrolling, algorithm. New values are drawn from the board's priors (shaped by the
+lessons that apply to the problem; uniform where none do), and under priors the knobs whose
+parent value a lesson disfavours are moved more often. Also here: the seed agent (the
+template's defaults) and the random-restart agent (uniform samples of the valid space, for
+diversity: it ignores lessons, so a wrong lesson cannot narrow the search).
 """
 
 from __future__ import annotations
@@ -42,16 +45,42 @@ class KnobAgent(Agent):
         if not mine or parent is None or parent.knobs is None:
             return []
         out: list[Proposal] = []
+        shaped = any(board.weights(k, list(p.knobs[k])) for k in mine)
         for _ in range(MAX_TRIES):
             if len(out) >= n:
                 break
             knobs = dict(parent.knobs)
-            for k in rng.sample(mine, min(len(mine), rng.choice((1, 1, 2)))):
-                knobs[k] = rng.choice([v for v in p.knobs[k] if v != knobs.get(k)])
+            count = min(len(mine), rng.choice((1, 1, 2)))
+            chosen = self._knobs_to_move(board, mine, knobs, count) if shaped else rng.sample(mine, count)
+            for k in chosen:
+                knobs[k] = board.pick(k, [v for v in p.knobs[k] if v != knobs.get(k)])
             prop = knob_proposal(board, knobs, self.name, f"mutate-{self.aspect}", [parent])
             if prop and all(prop.knobs != o.knobs for o in out):
                 out.append(prop)
         return out
+
+    @staticmethod
+    def _knobs_to_move(board: Board, mine: list[str], knobs: dict, count: int) -> list[str]:
+        """Under priors, a knob is moved in proportion to how much better its best alternative is
+        thought to be than the parent's value (clipped to [1/4, 4], 1 where no lesson speaks)."""
+        gain = {}
+        for k in mine:
+            w = board.priors.get(k, {})
+            here = w.get(knobs.get(k), 1.0)
+            best = max((w.get(v, 1.0) for v in board.problem.knobs[k] if v != knobs.get(k)), default=1.0)
+            gain[k] = min(4.0, max(0.25, best / here))
+        chosen: list[str] = []
+        while len(chosen) < count:
+            left = [k for k in mine if k not in chosen]
+            x, acc = board.rng.random() * sum(gain[k] for k in left), 0.0
+            for k in left:
+                acc += gain[k]
+                if x < acc:
+                    chosen.append(k)
+                    break
+            else:
+                chosen.append(left[-1])
+        return chosen
 
 
 class RandomRestartAgent(Agent):

@@ -10,6 +10,7 @@ that failed to build or verify is sent back once with its error (the repair loop
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import textwrap
 import time
@@ -30,6 +31,11 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(PROMPTS)), undefine
 REPAIRABLE = ("build_failed", "wrong")
 MAX_FATAL = 3          # consecutive unrecoverable errors (HTTP 4xx, config) before the agent stops
 BACKOFF_CAP_S = 30.0   # pause after consecutive failed calls grows up to this
+
+
+def _us(x) -> str | None:
+    """Microseconds as a prompt shows them: 3 significant figures."""
+    return None if not x else format(x, ".3g") if x < 1000 else f"{x:.0f}"
 
 
 def render_prompt(name: str, **values) -> str:
@@ -101,7 +107,7 @@ class LLMAgent(Agent):
         if parent_src is None and p.template is not None:
             parent_src, parent = p.render(), None
         user = render_prompt("rewrite.md.j2", problem=p, reference_source=self._reference(p),
-                             workload=self._workload(board), champion=board.champion,
+                             workload=self._workload(board, parent), champion=board.champion,
                              lessons=board.lessons[:2 if self.compact else 8],
                              parent_source=self._clip(parent_src) if parent_src else "/* none yet */",
                              parent_outcome=parent.outcome if parent else "template default",
@@ -141,15 +147,32 @@ class LLMAgent(Agent):
                 return e
         return None
 
-    @staticmethod
-    def _workload(board: Board) -> list[dict]:
+    def _workload(self, board: Board, parent: Entry | None = None) -> list[dict]:
+        """The timed shapes with bytes and flops, and where the store has them the champion's,
+        the baseline's and (when it is not the champion) the parent's microseconds per call."""
         p = board.problem
+        champ = self._timings(board.champion.candidate_id if board.champion else None)
+        apart = parent is not None and (board.champion is None or parent.candidate_id != board.champion.candidate_id)
+        mine = self._timings(parent.candidate_id if apart else None)
         rows = []
         for shape in p.workload:
             rl = p.roofline(shape) if p.roofline else None
+            key = json.dumps(dict(shape), sort_keys=True)
+            c, m = champ.get(key, {}), mine.get(key, {})
             rows.append({"label": p.shape_label(shape), "bytes": int(rl.bytes) if rl else "?",
-                         "flops": int(rl.flops) if rl else "?", "champion_us": None, "baseline_us": None})
+                         "flops": int(rl.flops) if rl else "?", "champion_us": _us(c.get("candidate_us")),
+                         "baseline_us": _us(c.get("baseline_us") or m.get("baseline_us")),
+                         "parent_us": _us(m.get("candidate_us"))})
         return rows
+
+    def _timings(self, candidate_id: str | None) -> dict[str, dict]:
+        """Per-shape timings of a candidate's latest correct evaluation on this hardware."""
+        if self.store is None or not candidate_id:
+            return {}
+        for ev in reversed(self.store.evaluations(candidate_id=candidate_id, this_hardware=True)):
+            if ev["outcome"] in ("faster", "not_faster") and ev["shapes"]:
+                return {json.dumps(dict(s["shape"]), sort_keys=True): s for s in ev["shapes"]}
+        return {}
 
     # -- in the background ---------------------------------------------------------------------------
     def _call(self, messages, parent: Entry | None, parent_src: str | None, operator: str, problem) -> Proposal | None:
