@@ -5,11 +5,14 @@ duplicates (content hash, across runs on this hardware and validation set), subm
 executor, and when a verdict returns: record it (its own transaction), update the champion,
 reward the agent. A ``kill -9`` loses only the evaluations in flight; ``resume`` continues the
 run with the budget it had left. At the end each champion is re-measured before it is announced.
+The analyst turns the evidence into lessons at the start, every ``ANALYST_EVERY`` evaluations of
+a problem and at the end; the boards carry the lessons that apply (prompt lines, knob priors).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -25,6 +28,8 @@ from swarmfactory.config import RunConfig
 from swarmfactory.evidence.store import Store, content_hash
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.knowledge.analyst import Analyst
+from swarmfactory.knowledge.priors import Knowledge, knowledge_for
 from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
@@ -37,6 +42,9 @@ ADVERSARY_EVERY = 8      # evaluations of a problem between adversary turns (and
 ADVERSARY_TARGETS = 3    # retained candidates the adversary aims at: the champion and the next best
 MAX_IDLE_TURNS = 50      # consecutive turns in which no agent had anything new: the run is done
 PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
+ANALYST_EVERY = 10       # evaluations of a problem between analyst passes (also at the start and the end)
+
+log = logging.getLogger(__name__)
 
 
 class RunError(ValueError):
@@ -54,6 +62,8 @@ class ProblemState:
     exhausted: bool = False
     pending: dict[str, Entry] = field(default_factory=dict)  # in flight, by candidate id
     since_adversary: int = 0
+    since_analysis: int = 0
+    knowledge: Knowledge = field(default_factory=Knowledge)   # lessons that apply, as the board carries them
 
 
 class NullProgress:
@@ -101,6 +111,9 @@ class Coordinator:
         self.executor = executor or LocalExecutor(self.harness, config.parallel)
         self.counts: Counter = Counter()
         self.duplicates = 0
+        self.analyst = Analyst(store)
+        self.lessons_written = 0
+        self.states: dict[str, ProblemState] = {}
 
     @staticmethod
     def _cpu_split(parallel: int):
@@ -165,7 +178,8 @@ class Coordinator:
         for agent in self.agents.values():
             if hasattr(agent, "bind"):
                 agent.bind(self.store, self.run_id)
-        states = self._load_state()
+        states = self.states = self._load_state()
+        self._learn(states.values())  # lessons from earlier evidence, before the first proposal
         done = self._done_in_run()
         deadline = time.monotonic() + cfg.time_s - elapsed if cfg.time_s else None
         self.progress.start(self.run_id, cfg.budget, cfg.time_s, [p.name for p in self.problems])
@@ -202,10 +216,13 @@ class Coordinator:
                     st.pending.pop(cid, None)
                     if self._complete(st, prop, cid, self._result(fut)) or st.since_adversary >= ADVERSARY_EVERY:
                         self._adversary_turn(st)
+                    if st.since_analysis >= ANALYST_EVERY:
+                        self._learn([st])
                     done += 1
                 self.progress.update(done, self._champion_speedups(states), self.counts)
             if cfg.remeasure_champions:
                 self._remeasure(states)
+            self._learn(states.values())
         except KeyboardInterrupt:
             status = "interrupted"
             self.executor.shutdown(wait=False)
@@ -272,8 +289,8 @@ class Coordinator:
             st = states[names[(turn + i) % len(names)]]
             if st.exhausted:
                 continue
-            board = Board(st.problem, st.entries + list(st.pending.values()), st.champion, [],
-                          self.rng, budget_left)
+            board = Board(st.problem, st.entries + list(st.pending.values()), st.champion, st.knowledge.lines,
+                          self.rng, budget_left, priors=st.knowledge.priors)
             for agent_name in self.bandit.order():
                 try:
                     props = self.agents[agent_name].propose(board, PROPOSALS_PER_ASK)
@@ -312,6 +329,7 @@ class Coordinator:
                       prop.generation, verdict.detail)
         st.entries.append(entry)
         st.since_adversary += 1
+        st.since_analysis += 1
         self.counts[verdict.outcome.value] += 1
         improved = (verdict.outcome == Outcome.FASTER
                     and (st.champion is None or verdict.speedup > (st.champion.speedup or 0)))
@@ -323,6 +341,24 @@ class Coordinator:
         if prop.agent in self.agents:
             self.bandit.reward(prop.agent, verdict.outcome.value, improved)
         return improved
+
+    # -- lessons ----------------------------------------------------------------------------------
+    def _learn(self, states) -> None:
+        """The analyst over these problems' evidence on this machine (new, re-checked and retired
+        lessons recorded with the run id); then every problem's board knowledge is refreshed, since
+        a lesson of one problem also shapes the priors of problems like it. Pure Python over the
+        store; a failure is logged and costs the run nothing but the lessons."""
+        states = list(states)
+        for st in states:
+            st.since_analysis = 0
+        try:
+            written = self.analyst.update([st.problem for st in states], self.run_id, [self.store.hardware["id"]])
+            self.lessons_written += len(written)
+            lessons = self.store.current_lessons()
+            for st in self.states.values():
+                st.knowledge = knowledge_for(st.problem, lessons, self.store.hardware)
+        except Exception as exc:  # lessons are advice; a bug in deriving them must not end the run
+            log.warning("analyst failed: %s: %s", type(exc).__name__, exc)
 
     # -- the adversary and re-verification --------------------------------------------------------
     def _adversary_turn(self, st: ProblemState) -> None:
