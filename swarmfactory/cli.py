@@ -1,4 +1,4 @@
-"""The one command line: problems, eval, run, show, report, cases, verify, engine.
+"""The one command line: problems, eval, run, show, report, cases, verify, lessons, engine.
 
 Start-up stays light: only typer and rich load here; torch, numpy, the harness and the engine
 load inside the commands that use them (``engine`` itself is imported only when invoked).
@@ -356,10 +356,9 @@ def show_cmd(
 
 
 def _print_summary(summary: dict, wide: bool = False) -> None:
-    from swarmfactory.ui import agent_table, design_table, llm_table, result_tables
+    from swarmfactory.ui import agent_table, llm_table, result_tables
 
-    tables = [*result_tables(summary, wide), design_table(summary, wide), agent_table(summary, wide),
-              llm_table(summary, wide)]
+    tables = [*result_tables(summary, wide), agent_table(summary, wide), llm_table(summary, wide)]
     for k, t in enumerate(t for t in tables if t is not None):
         if k:
             out.line()
@@ -452,6 +451,91 @@ def verify_cmd(
     out.print(t)
     if res["champion_change"]:
         out.print(res["champion_change"], markup=False)
+
+
+@app.command("lessons")
+def lessons_cmd(
+    problem: Optional[str] = typer.Option(None, "--problem", "-p", metavar="NAME", help="only this problem's lessons"),
+    show_all: bool = typer.Option(False, "--all", help="retired lessons too, with why"),
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    wide: bool = typer.Option(False, "--wide", help="every column (method, matched pairs, run, since), at full width"),
+    debug: bool = _debug_option(),
+):
+    """What the evidence taught: knob lessons with effect, 95% CI and support (active by default)."""
+    st = _open_store(store, create=False)
+    rows = st.current_lessons(problem, include_retired=show_all)
+    if as_json:
+        print(json.dumps({"store": st.url, "lessons": [_lesson_json(r) for r in rows]}, default=str))
+        return
+    if not rows:
+        others = sorted({r["problem"] for r in st.current_lessons(include_retired=show_all) if r["problem"]})
+        what = f"{'' if show_all else 'active '}lessons" + (f" for {problem}" if problem else "")
+        hint = (f" (there are some for: {', '.join(others)})" if problem and others else
+                "; the analyst writes them during `swarmfactory run`")
+        out.print(f"no {what} in {st.url}{hint}", markup=False, highlight=False, soft_wrap=True)
+        return
+    from swarmfactory.ui import compact_table, speedup_ci
+
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["problem"] or "-", r["hardware_id"]), []).append(r)
+    for k, ((name, _hw), group) in enumerate(groups.items()):
+        d0 = group[0]["data"]
+        active = sum(r["status"] == "active" for r in group)
+        title = (f"{name} on {_hardware_text(d0.get('hardware') or {})}: {active} active"
+                 + (f", {len(group) - active} retired" if len(group) > active else ""))
+        t = compact_table(title)
+        for col, just in (("knob", "left"), ("better", "left"), ("worse", "left"), ("effect [95% CI]", "right"),
+                          ("evals", "right"), ("shapes", "left")):
+            t.add_column(col, justify=just, no_wrap=col in ("knob", "effect [95% CI]"),
+                         overflow="fold")
+        if wide:
+            for col in ("method", "pairs", "since", "run"):
+                t.add_column(col, justify="right" if col == "pairs" else "left", no_wrap=True)
+        if show_all:
+            t.add_column("status", no_wrap=True)
+        for r in group:
+            d = r["data"]
+            row = [d.get("knob", "?"), str(d.get("better")), str(d.get("worse")),
+                   speedup_ci(d.get("effect"), d.get("ci_low"), d.get("ci_high")), str(d.get("evaluations", "")),
+                   _scope_text(d)]
+            if wide:
+                row += [d.get("method", ""), str(d.get("pairs", "")), str(r["created_at"])[:16], r["run_id"] or ""]
+            if show_all:
+                row.append("active" if r["status"] == "active" else "[red]retired[/]")
+            t.add_row(*row)
+        if k:
+            out.line()
+        _print_table(t, wide)
+        for r in group:
+            if r["status"] != "active":
+                d = r["data"]
+                out.print(f"  retired {d.get('knob')}={d.get('better')} > {d.get('worse')} ({_scope_text(d)}): "
+                          f"{d.get('why', '')}", markup=False, highlight=False)
+    out.print("effect: geometric-mean speedup of better over worse; the rule: docs/agents.md", markup=False,
+              highlight=False)
+
+
+def _hardware_text(hw: dict) -> str:
+    return f"{hw.get('model', '?')} {hw.get('isa', '')}".strip() + (f" (masked {hw['mask']})" if hw.get("mask") else "")
+
+
+def _scope_text(d: dict) -> str:
+    """The workload shapes a lesson holds for: ``all`` or the shapes (``1x576, 8x576``)."""
+    f = d.get("features") or {}
+    if d.get("scope") is None:
+        return "all"
+    return ", ".join("x".join(str(v) for v in s.values()) for s in f.get("shapes", [])) or "some"
+
+
+def _lesson_json(r: dict) -> dict:
+    d = r["data"] or {}
+    hist = [{"id": h["id"], "status": (h["data"] or {}).get("status", "active"), "why": (h["data"] or {}).get("why"),
+             "text": h["text"], "run_id": h["run_id"], "created_at": str(h["created_at"])} for h in r["history"]]
+    return {"id": r["id"], "key": r["key"], "problem": r["problem"], "hardware_id": r["hardware_id"],
+            "status": r["status"], "text": r["text"], "run_id": r["run_id"], "created_at": str(r["created_at"]),
+            **{k: v for k, v in d.items() if k not in ("key", "status")}, "history": hist}
 
 
 def _command() -> TyperGroup:
