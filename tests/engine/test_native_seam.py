@@ -7,14 +7,18 @@ block scale. Engines are shared per module (every load checks each plugged weigh
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
 import torch
 
-from engine_support import PROMPTS, THREADS, Server, get_engine
+from engine_support import PROMPTS, THREADS, Server, free_port, get_engine
 
 from swarmfactory.engine.config import ConfigError, EngineConfig
 from swarmfactory.engine.kernels import KernelError, build_linear, register_kernel
@@ -223,6 +227,44 @@ def _store_with_champion(path, problem, source) -> str:
     return cand["id"]
 
 
+class BackgroundServer(Server):
+    """``engine serve`` started without waiting for it, so that its load (another process, on
+    another core where there is one) overlaps the tests that run before it is needed."""
+
+    def __init__(self, env: dict, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--port", str(self.port),
+               "--threads", str(THREADS), *args]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait(self, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError("server did not start in time")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def served(problem, libs, tmp_path_factory):
+    """`engine serve --kernel down=champion:q4_1_matmul --kernel o=so:PATH` on a store whose
+    champion is the default template: (server, candidate id). Started first, used last."""
+    path = tmp_path_factory.mktemp("served") / "evidence.db"
+    cand = _store_with_champion(path, problem, libs["source"])
+    env = {k: v for k, v in os.environ.items() if k != "SWARMFACTORY_API_KEY"}
+    s = BackgroundServer({**env, "SWARMFACTORY_STORE": str(path)}, "--max-batch", "2", "--max-seq-len", "128",
+                         "--kernel", "down=champion:q4_1_matmul", "--kernel", f"o=so:{libs['good']}")
+    yield s, cand
+    s.stop()
+
+
 @pytest.fixture
 def champion_store(tmp_path, monkeypatch, problem, libs):
     """A temporary store whose champion is the default template; SWARMFACTORY_STORE points at it."""
@@ -260,18 +302,15 @@ def test_champion_errors_name_the_op(tmp_path, monkeypatch, problem):
         resolve_all({"gate_up": "champion:q4_1_matmul"})
 
 
-def test_engine_serve_runs_a_file_and_the_champion(libs, champion_store):
-    """`engine serve --kernel down=champion:q4_1_matmul --kernel o=so:PATH`: /health says which
-    op runs which library (the champion with its candidate id), and it serves."""
-    s = Server("--max-batch", "2", "--max-seq-len", "128", "--kernel", "down=champion:q4_1_matmul",
-               "--kernel", f"o=so:{libs['good']}")
-    try:
-        nk = s.health()["paths"]["native_kernels"]
-        assert nk["down"]["candidate"] == champion_store and nk["down"]["spec"] == "champion:q4_1_matmul"
-        assert nk["o"]["origin"] == str(libs["good"].resolve()) and nk["down"]["path"].endswith(".so")
-        r = httpx.post(s.url + "/v1/completions", timeout=120,
-                       json={"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 4
-    finally:
-        s.stop()
+def test_engine_serve_runs_a_file_and_the_champion(libs, served):
+    """/health says which op runs which library (the champion with its candidate id), and it serves."""
+    s, cand = served
+    s.wait()
+    nk = s.health()["paths"]["native_kernels"]
+    assert nk["down"]["candidate"] == cand and nk["down"]["spec"] == "champion:q4_1_matmul"
+    assert nk["down"]["checked"] and nk["o"]["checked"]
+    assert nk["o"]["origin"] == str(libs["good"].resolve()) and nk["down"]["path"].endswith(".so")
+    r = httpx.post(s.url + "/v1/completions", timeout=120,
+                   json={"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
