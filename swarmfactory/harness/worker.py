@@ -56,7 +56,10 @@ class BaselineRunner:
         fn = self.setup(t)
         if self.mode == "compile":
             fn = self.torch.compile(fn, dynamic=False)
-        self.slots[slot] = {"fn": fn, "outs": list(out_shapes)}
+        # a tuple result is in the order of the problem's out args (the contract), whatever
+        # order ``output_shapes`` lists them in
+        outs = [a.name for a in self.problem.outputs] or list(out_shapes)
+        self.slots[slot] = {"fn": fn, "outs": outs}
 
     def call(self, slot, poison: float = float("nan")) -> dict:
         s = self.slots[slot]
