@@ -29,6 +29,7 @@ import math
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -525,19 +526,24 @@ class Tuner:
     def run(self) -> str:
         from swarmfactory.engine.calibrate import cache_root
 
-        from .verify import reference
+        from .verify import reference_path
 
         if self.run_id is None:
             self.run_id = self.store.create_run({"kind": "engine-tune", **self.cfg.to_dict()})
         else:
             self.store.set_run_status(self.run_id, "running")
         self.store.record_problem(self.problem)
-        self.log(f"reference: HF transformers fp32 on {self.model_path.name} (cached after the first run)")
-        ref = reference(self.model_path, cache_root().parent / "engine-reference")
-        del ref
-        from .verify import reference_path
-
-        self.reference = reference_path(self.model_path, cache_root().parent / "engine-reference")
+        cache = cache_root().parent / "engine-reference"
+        self.reference = reference_path(self.model_path, cache)
+        if not self.reference.exists():
+            self.log(f"reference: HF transformers fp32 on {self.model_path.name} (once per model file, ~30 s)")
+            # in a child: HF's memory and progress bars stay out of this process
+            env = dict(os.environ, TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                       TRANSFORMERS_VERBOSITY="error")
+            out = subprocess.run([sys.executable, "-m", "swarmfactory.enginefactory.worker", "--make-reference",
+                                  str(self.model_path), str(cache)], env=env, capture_output=True, text=True)
+            if out.returncode != 0 or not self.reference.exists():
+                raise TuneError(f"the HF fp32 reference could not be computed: {out.stderr.strip()[-800:]}")
         self._prior()
         spent = 0.0
         for ev in self.store.evaluations(problem=self.problem.name, run_id=self.run_id):
@@ -579,7 +585,13 @@ class Tuner:
             self.entries.append(self.default)
         self.log(f"default design: {verdict.outcome.value}, {fit:.1f} tok/s (geomean over {self._pairs()} pairs)"
                  + ("" if self.default_ok else f"; {verdict.detail}"))
+        costs: list[float] = []  # seconds per design so far: one that cannot finish in time is not started
         while time.monotonic() < deadline and (self.cfg.budget is None or self.evaluated < self.cfg.budget):
+            if costs and deadline - time.monotonic() < 0.75 * statistics.median(costs):
+                self.log(f"{deadline - time.monotonic():.0f} s left, a design takes ~{statistics.median(costs):.0f} s: "
+                         "stopping here")
+                break
+            t_design = time.monotonic()
             prop = self._propose()
             if prop is None:
                 self.log("no new design left to try")
@@ -620,6 +632,7 @@ class Tuner:
             finally:
                 if srv is not None:
                     srv.close()
+            costs.append(time.monotonic() - t_design)
             entry.evaluation_id = self._record(design, verdict, agent, "mutate" if parents else "sample", parents)
             self.entries.append(entry)
             self.log(f"{note} {verdict.outcome.value}: {verdict.detail} [{design.describe()}]")

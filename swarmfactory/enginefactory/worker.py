@@ -24,13 +24,24 @@ def emit(**kw) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--reference", required=True)
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--make-reference", nargs=2, metavar=("MODEL", "CACHE"),
+                    help="compute and cache the HF fp32 reference for MODEL under CACHE, then exit")
+    ap.add_argument("--config")
+    ap.add_argument("--reference")
+    ap.add_argument("--port", type=int)
     ap.add_argument("--verify-only", action="store_true")
     ap.add_argument("--serve-anyway", action="store_true",
                     help="serve even when verification failed (the tune's baseline only: what users run today)")
     args = ap.parse_args(argv)
+    if args.make_reference:
+        from pathlib import Path
+
+        from .verify import reference
+
+        reference(Path(args.make_reference[0]), Path(args.make_reference[1]))
+        return 0
+    if not (args.config and args.reference and args.port):
+        ap.error("--config, --reference and --port are required")
 
     import torch
 
