@@ -89,14 +89,16 @@ def serve(
                                 "for this model, used when no other option sets the design), none, or a "
                                 "profile id from engine profiles"),
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL",
-                                        help="evidence store holding the profiles (default: $SWARMFACTORY_STORE, "
-                                             "else .swarmfactory/evidence.db)"),
+                                        help="evidence store holding the profiles and champion: kernels (default: "
+                                             "$SWARMFACTORY_STORE, else .swarmfactory/evidence.db)"),
     api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY",
                                           help="require 'Authorization: Bearer KEY' on /v1/*"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
     cfg = None
+    if store:  # champion:PROBLEM kernels are looked up in the same store as the profiles
+        os.environ["SWARMFACTORY_STORE"] = store
     chosen = any(v is not None for v in (config, weights, threads, max_batch, max_seq_len)) or bool(kernel)
     if profile != "none" and not (profile == "auto" and chosen):
         if profile != "auto" and chosen:
