@@ -34,6 +34,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -429,6 +430,8 @@ def main() -> int:
                     help="measure a level again when other work took more than this share of the CPUs")
     ap.add_argument("--retries", type=int, default=0, help="at most this many repeats of a disturbed level")
     args = ap.parse_args()
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the finally blocks stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     try:
         levels = parse_levels(args.concurrency)
