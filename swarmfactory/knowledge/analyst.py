@@ -15,19 +15,25 @@ for a subset of the workload, of its per-shape speedups on that subset).
 **Effect.** The ratio of geometric-mean speedups of configurations with ``knob=a`` to those with
 ``knob=b``. Matched where the data allows: two configurations identical in every other knob are a
 pair, and with at least ``MIN_PAIRS`` pairs the effect is the geometric mean of the pairs' ratios
-and its 95% CI a percentile bootstrap over pairs. Otherwise, with at least ``MIN_PER_SIDE``
-configurations on each side, it is the ratio of the two sides' geometric means, each side
-resampled on its own ("unmatched": the other knobs are not held equal, and the claim says so).
+and its 95% CI a bootstrap over pairs. Otherwise, with at least ``MIN_PER_SIDE`` configurations on
+each side, it is the ratio of the two sides' geometric means, each side resampled on its own
+("unmatched": the other knobs are not held equal, and the claim says so). The bootstrap is the
+*expanded* percentile interval (Hesterberg): a plain percentile interval is too narrow for a
+handful of pairs, so its percentiles are moved out to where ``sqrt(n/(n-1)) x t(n-1)`` puts a
+95% interval; with 4 pairs that means every pair must agree on the direction.
 
 **Scope.** The whole workload (the recorded speedup, itself a geometric mean over the workload
 shapes); and where the effect is not the same on every shape, the shapes on which each direction
 holds shape by shape, as a claim of its own.
 
-**Rule.** A claim becomes a lesson when its 95% CI excludes 1 and the better value is at least
-``MIN_EFFECT`` (5%) faster, with the support above. Each time the analyst runs, every lesson of
-the problem and machine is re-checked on all the evidence there is now: it stays active while
-its CI still excludes 1 in its direction (no minimum effect: hysteresis against flapping) and
-is *retired*, with why, when the CI includes 1 or lies on the other side. A retired lesson
+**Rule.** A claim becomes a lesson when the better value is at least ``MIN_EFFECT`` (5%) faster,
+with the support above, and its CI excludes 1 at a family-wise 95%: a pass compares every pair of
+values of every knob, on the whole workload and shape by shape, so each comparison is held to
+``1 - 0.05 / m`` (Bonferroni over the ``m`` comparisons of the problem in that pass). The lesson
+shows its plain 95% CI. Each time the analyst runs, every lesson of the problem and machine is
+re-checked on all the evidence there is now: it stays active while its plain 95% CI still
+excludes 1 in its direction (no minimum effect, no correction: hysteresis against flapping) and
+is *retired*, with why, when that CI includes 1 or lies on the other side. A retired lesson
 whose claim qualifies again becomes active again (its history is kept).
 
 **Identity.** The store is append-only: a lesson's identity is ``data["key"]`` (problem,
@@ -43,6 +49,7 @@ import math
 import re
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 from typing import Any, Iterable
 
@@ -57,11 +64,12 @@ MIN_PAIRS = 4          # matched pairs for a matched estimate
 MIN_PER_SIDE = 6       # configurations on each side for an unmatched one
 MIN_EFFECT = 1.05      # a new lesson's better value is at least 5% faster
 CONFIDENCE = 0.95
-RESAMPLES = 2000
+RESAMPLES = 4000
 REFRESH_GROWTH = 1.5   # an active lesson is re-recorded once its support grew by this factor
-RULE = (f"{CONFIDENCE:.0%} bootstrap CI of the ratio excludes 1 and the ratio is at least {MIN_EFFECT:g}, "
-        f"from >= {MIN_PAIRS} matched pairs or >= {MIN_PER_SIDE} configurations per side; retired when a "
-        "re-check's CI includes 1 or lies on the other side")
+RULE = (f"ratio >= {MIN_EFFECT:g} and its bootstrap CI (expanded percentile) excludes 1 at a family-wise "
+        f"{CONFIDENCE:.0%} (Bonferroni over the problem's comparisons), from >= {MIN_PAIRS} matched pairs or "
+        f">= {MIN_PER_SIDE} configurations per side; retired when a re-check's plain {CONFIDENCE:.0%} CI "
+        "includes 1 or lies on the other side")
 
 
 @dataclass
@@ -84,18 +92,28 @@ class Estimate:
     support: list[int]   # evaluation ids
     pairs: int
     method: str          # matched | unmatched
+    strict_low: float = 0.0    # the family-wise interval (Bonferroni over the pass's comparisons)
+    strict_high: float = math.inf
 
     def favours(self) -> int:
-        """+1: a is faster, -1: b is faster, 0: the CI includes 1."""
+        """+1: a is faster, -1: b is faster, 0: the (plain 95%) CI includes 1."""
         return 1 if self.low > 1.0 else -1 if self.high < 1.0 else 0
+
+    def qualifies(self) -> int:
+        """Like ``favours``, on the family-wise interval: what a new lesson needs."""
+        return 1 if self.strict_low > 1.0 else -1 if self.strict_high < 1.0 else 0
 
     def flipped(self) -> "Estimate":
         """The same comparison read as knob=b over knob=a."""
-        return Estimate(1 / self.ratio, 1 / self.high, 1 / self.low, self.support, self.pairs, self.method)
+        return Estimate(1 / self.ratio, 1 / self.high, 1 / self.low, self.support, self.pairs, self.method,
+                        1 / self.strict_high if self.strict_high else math.inf,
+                        1 / self.strict_low if self.strict_low else math.inf)
 
-    def oriented(self, a_better: bool) -> tuple[float, float, float]:
-        """(ratio, low, high) of the better value over the worse one as the claim states it."""
-        return (self.ratio, self.low, self.high) if a_better else (1 / self.ratio, 1 / self.high, 1 / self.low)
+    def oriented(self, a_better: bool, strict: bool = False) -> tuple[float, float, float]:
+        """(ratio, low, high) of the better value over the worse one as the claim states it (the
+        family-wise interval with ``strict``)."""
+        e = self if a_better else self.flipped()
+        return (e.ratio, e.strict_low, e.strict_high) if strict else (e.ratio, e.low, e.high)
 
 
 def shape_key(shape: dict) -> str:
@@ -164,9 +182,24 @@ def _value(cfg: Config, scope: list[str] | None) -> float | None:
     return None if any(v is None for v in vals) else sum(vals) / len(vals)
 
 
-def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[str] | None = None) -> Estimate | None:
+@lru_cache(maxsize=None)
+def expanded_tail(n: int, confidence: float = CONFIDENCE) -> float:
+    """The tail share of each end of the expanded percentile interval for ``n`` observations:
+    the normal tail beyond ``sqrt(n/(n-1)) x t(n-1)`` at ``confidence`` (at 95%: 0.00012 for
+    n=4, 0.0086 for n=10, 0.019 for n=30; 0.025 in the limit)."""
+    from statistics import NormalDist
+
+    from scipy.special import stdtrit
+
+    q = math.sqrt(n / (n - 1)) * float(stdtrit(n - 1, 1 - (1 - confidence) / 2))
+    return 1 - NormalDist().cdf(q)
+
+
+def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[str] | None = None,
+             comparisons: int = 1) -> Estimate | None:
     """knob=a against knob=b over ``scope`` (None: the whole workload); None without the support
-    the rule asks for."""
+    the rule asks for. ``comparisons``: how many the caller makes in all (for the family-wise
+    interval)."""
     sides: tuple[dict, dict] = ({}, {})
     for cfg in configs.values():
         if knob not in cfg.knobs or cfg.knobs[knob] not in (a, b):
@@ -189,10 +222,11 @@ def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[
         point, used, pairs, method = xa.mean() - xb.mean(), [c for s in sides for _, c in s.values()], 0, "unmatched"
     else:
         return None
-    alpha = (1 - CONFIDENCE) / 2
-    lo, hi = np.quantile(boot, [alpha, 1 - alpha])
+    n = pairs if method == "matched" else min(len(sides[0]), len(sides[1]))
+    alpha, strict = expanded_tail(n), expanded_tail(n, 1 - (1 - CONFIDENCE) / max(1, comparisons))
+    lo, hi, slo, shi = np.quantile(boot, [alpha, 1 - alpha, strict, 1 - strict])
     return Estimate(math.exp(point), math.exp(lo), math.exp(hi), sorted(e for c in used for e in c.evals),
-                    pairs, method)
+                    pairs, method, math.exp(slo), math.exp(shi))
 
 
 # -- claims ----------------------------------------------------------------------------------------------
@@ -289,6 +323,10 @@ class Analyst:
                         domain[k].append(v)
         all_keys = [shape_key(s) for s in shapes]
         by_key = {shape_key(s): s for s in shapes}
+        seen = {k: [v for v in values if any(c.knobs.get(k) == v for c in configs.values())]
+                for k, values in domain.items()}
+        # every value pair of every knob, on the whole workload and on each shape
+        comparisons = sum(len(v) * (len(v) - 1) // 2 for v in seen.values()) * (1 + len(all_keys) * (len(all_keys) > 1))
         found: dict[tuple, Estimate | None] = {}   # (knob, a, b, scope) -> estimate, a before b as JSON
 
         def est(knob, a, b, scope):
@@ -297,14 +335,14 @@ class Analyst:
             swap = ja > jb
             k = (knob, jb, ja, scope_key(scope)) if swap else (knob, ja, jb, scope_key(scope))
             if k not in found:
-                found[k] = estimate(configs, knob, b, a, scope) if swap else estimate(configs, knob, a, b, scope)
+                found[k] = (estimate(configs, knob, b, a, scope, comparisons) if swap
+                            else estimate(configs, knob, a, b, scope, comparisons))
             e = found[k]
             return e.flipped() if (e is not None and swap) else e
 
         claims = []  # (knob, a, b, scope, estimate)
-        for knob, values in domain.items():
-            seen = [v for v in values if any(c.knobs.get(knob) == v for c in configs.values())]
-            for a, b in combinations(seen, 2):
+        for knob in domain:
+            for a, b in combinations(seen[knob], 2):
                 whole = est(knob, a, b, None)
                 if whole is None:
                     continue
@@ -339,7 +377,7 @@ class Analyst:
             if e.favours() == 1:
                 if len(e.support) >= REFRESH_GROWTH * d.get("evaluations", len(e.support)):
                     out.append(self._write(name, hw_id, hw, spec, knob, better, worse, scope, e, True,
-                                           features(knob, scope), "active", "re-checked: still holds", run_id))
+                                           features(knob, scope), "active", "re-checked: still holds", run_id, comparisons))
                 continue
             now = f"{knob}={better} vs {knob}={worse} is now {r:.2f}x [{lo:.2f}, {hi:.2f}] over {len(e.support)} evaluations"
             why = (f"contradicted: {now}" if e.favours() == -1 else f"no longer supported: {now}, the CI includes 1")
@@ -351,9 +389,9 @@ class Analyst:
             current[key] = {**row, "status": "retired", "data": data}
         # new lessons, and retired ones whose claim qualifies again
         for knob, a, b, scope, e in claims:
-            if e.favours() == 0:
+            if e.qualifies() == 0:
                 continue
-            a_better = e.favours() == 1
+            a_better = e.qualifies() == 1
             better, worse = (a, b) if a_better else (b, a)
             if e.oriented(a_better)[0] < MIN_EFFECT:
                 continue
@@ -364,18 +402,20 @@ class Analyst:
             why = ("new" if prev is None else "re-established: the claim qualifies again" if prev["status"] != "active"
                    else "re-derived for the problem's current spec")
             out.append(self._write(name, hw_id, hw, spec, knob, a, b, scope, e, a_better, features(knob, scope),
-                                   "active", why, run_id))
+                                   "active", why, run_id, comparisons))
             current[key] = {"status": "active", "data": {"spec": spec}}
         return out
 
     def _write(self, name, hw_id, hw, spec, knob, a, b, scope, e: Estimate, a_better: bool, features: dict,
-               status: str, why: str, run_id) -> dict:
+               status: str, why: str, run_id, comparisons: int) -> dict:
         better, worse = (a, b) if a_better else (b, a)
         effect = e.oriented(a_better)
         key = lesson_key(name, hw_id, knob, better, worse, scope)
         text = claim_text(name, features, knob, better, worse, effect, len(e.support), e.pairs, e.method, hw)
         data = {"key": key, "status": status, "why": why, "knob": knob, "better": better, "worse": worse,
                 "effect": effect[0], "ci_low": effect[1], "ci_high": effect[2], "confidence": CONFIDENCE,
+                "family_ci": [e.oriented(a_better, strict=True)[1], e.oriented(a_better, strict=True)[2]],
+                "comparisons": comparisons,
                 "method": e.method, "pairs": e.pairs, "evaluations": len(e.support), "support": e.support,
                 "scope": scope, "features": features, "hardware": hw, "spec": spec, "rule": RULE}
         self.store.add_lesson(name, AGENT, text, data, run_id, hardware_id=hw_id)
