@@ -20,7 +20,9 @@ each side, it is the ratio of the two sides' geometric means, each side resample
 ("unmatched": the other knobs are not held equal, and the claim says so). The bootstrap is the
 *expanded* percentile interval (Hesterberg): a plain percentile interval is too narrow for a
 handful of pairs, so its percentiles are moved out to where ``sqrt(n/(n-1)) x t(n-1)`` puts a
-95% interval; with 4 pairs that means every pair must agree on the direction.
+95% interval. A bootstrap cannot reach beyond the range of its data (4 noisy pairs that happen
+to agree would exclude 1 whatever their spread), so the interval is widened to the t interval on
+the log ratios (paired, or Welch's) wherever that is wider.
 
 **Scope.** The whole workload (the recorded speedup, itself a geometric mean over the workload
 shapes); and where the effect is not the same on every shape, the shapes on which each direction
@@ -214,19 +216,36 @@ def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[
         d = np.array([sides[0][k][0] - sides[1][k][0] for k in matched])
         boot = d[rng.integers(0, len(d), (RESAMPLES, len(d)))].mean(axis=1)
         point, used, pairs, method = d.mean(), [sides[i][k][1] for k in matched for i in (0, 1)], len(matched), "matched"
+        se, df = d.std(ddof=1) / math.sqrt(len(d)), len(d) - 1
     elif min(len(sides[0]), len(sides[1])) >= MIN_PER_SIDE:
         xa = np.array([x for x, _ in sides[0].values()])
         xb = np.array([x for x, _ in sides[1].values()])
         boot = (xa[rng.integers(0, len(xa), (RESAMPLES, len(xa)))].mean(axis=1)
                 - xb[rng.integers(0, len(xb), (RESAMPLES, len(xb)))].mean(axis=1))
         point, used, pairs, method = xa.mean() - xb.mean(), [c for s in sides for _, c in s.values()], 0, "unmatched"
+        va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
+        se = math.sqrt(va + vb)
+        df = (va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1)) if va + vb > 0 else len(xa) + len(xb) - 2
     else:
         return None
     n = pairs if method == "matched" else min(len(sides[0]), len(sides[1]))
-    alpha, strict = expanded_tail(n), expanded_tail(n, 1 - (1 - CONFIDENCE) / max(1, comparisons))
-    lo, hi, slo, shi = np.quantile(boot, [alpha, 1 - alpha, strict, 1 - strict])
+    family = 1 - (1 - CONFIDENCE) / max(1, comparisons)
+    lo, hi = _interval(boot, point, se, df, n, CONFIDENCE)
+    slo, shi = _interval(boot, point, se, df, n, family)
     return Estimate(math.exp(point), math.exp(lo), math.exp(hi), sorted(e for c in used for e in c.evals),
                     pairs, method, math.exp(slo), math.exp(shi))
+
+
+def _interval(boot, point: float, se: float, df: float, n: int, confidence: float) -> tuple[float, float]:
+    """The expanded percentile bootstrap interval, widened to the t interval where that is wider:
+    a bootstrap never reaches beyond the range of its data, so with a handful of pairs that all
+    point one way it alone would exclude 1 however noisy they are."""
+    from scipy.special import stdtrit
+
+    tail = expanded_tail(n, confidence)
+    lo, hi = np.quantile(boot, [tail, 1 - tail])
+    q = float(stdtrit(df, 1 - (1 - confidence) / 2)) * se
+    return min(float(lo), point - q), max(float(hi), point + q)
 
 
 # -- claims ----------------------------------------------------------------------------------------------
