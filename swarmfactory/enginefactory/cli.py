@@ -129,6 +129,9 @@ def tune_cmd(
     champ = tuner.champion
     d = tuner.default
     print(f"tune run {run_id}: {tuner.evaluated} designs evaluated on this machine")
+    if d is None:
+        print(f"nothing measured in this session; details: swarmfactory show {run_id}{store_flag}")
+        return
     print(f"default design: {'passed' if tuner.default_ok else 'failed verification'}, {d.fitness:.1f} tok/s (geometric mean over {tuner._pairs()} workload x concurrency pairs)")
     if champ is None:
         print("no design passed verification: no profile stored; engine serve keeps the calibrated defaults")

@@ -48,6 +48,11 @@ from . import design as D
 VALIDATION_VERSION = "engine-verify-v1"
 LOAD_TIMEOUT_S = 600.0      # load + verification of one design
 LEVEL_TIMEOUT_S = 900.0     # one serving level
+GRACE_S = 60.0              # a design measured past the run's deadline by more than this is stopped
+
+
+class OutOfTime(Exception):
+    """A measurement the run's time limit cut short (not the design's fault)."""
 
 
 class TuneError(ValueError):
@@ -253,8 +258,9 @@ class DesignServer:
             time.sleep(0.2)
         return False
 
-    def measure(self, cfg: TuneConfig, on_level=None) -> dict:
-        """Every (workload, level): the serving figures, keyed by workload ``INxOUT``."""
+    def measure(self, cfg: TuneConfig, on_level=None, deadline: float | None = None) -> dict:
+        """Every (workload, level): the serving figures, keyed by workload ``INxOUT``. Past
+        ``deadline`` (time.monotonic) it stops with ``OutOfTime``."""
         import asyncio
 
         from swarmfactory.bench.serving import make_prompts, run_level
@@ -266,7 +272,17 @@ class DesignServer:
             levels = []
             for i, c in enumerate(cfg.concurrency):
                 prompts = make_prompts(cfg.prompts(c), n_in, cfg.seed + 1 + 100 * w + i)
-                res = asyncio.run(asyncio.wait_for(run_level(self.url, prompts, n_out, c), LEVEL_TIMEOUT_S))
+                limit = LEVEL_TIMEOUT_S
+                if deadline is not None:
+                    limit = min(limit, deadline - time.monotonic())
+                    if limit <= 0:
+                        raise OutOfTime(f"the run's time ran out before {key} c={c}")
+                try:
+                    res = asyncio.run(asyncio.wait_for(run_level(self.url, prompts, n_out, c), limit))
+                except (TimeoutError, asyncio.TimeoutError):
+                    if deadline is not None and time.monotonic() >= deadline - 1:
+                        raise OutOfTime(f"the run's time ran out during {key} c={c}") from None
+                    raise
                 lv = asdict(res)
                 lv["loadavg"] = list(os.getloadavg())
                 levels.append(lv)
@@ -436,6 +452,9 @@ class Tuner:
                 continue
             ratio = ev["speedup"] if ev["outcome"] in ("faster", "not_faster") and ev["speedup"] else 0.0
             self.entries.append(Entry(design, ratio, (ev["evidence"] or {}).get("fitness", 0.0), ev["id"]))
+        champ = self.store.champion(self.problem)  # the profile so far: what a newcomer must beat
+        self.prior_champion = next((e for e in self.entries if champ and e.design.key == champ["candidate_id"]
+                                    and e.fitness > 0), None)
 
     # -- evaluation ---------------------------------------------------------------------------------
     def _evaluate(self, design: D.Design, workdir: Path, note: str,
@@ -449,7 +468,12 @@ class Tuner:
         srv = start.server
         try:
             serving = srv.measure(self.cfg, on_level=lambda wl, lv: self.progress.update(
-                self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s"))
+                self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s"),
+                deadline=None if baseline else self.deadline + GRACE_S)
+        except OutOfTime as e:
+            srv.close()
+            return Verdict(Outcome.NOT_FASTER, f"not measured to the end: {e}", "measure",
+                           seconds=time.perf_counter() - t0, evidence={"out_of_time": True}), None
         except Exception as e:  # noqa: BLE001 - a server that dies or hangs while measured
             srv.close()
             outcome = Outcome.TIMED_OUT if isinstance(e, TimeoutError) else Outcome.CRASHED
@@ -472,6 +496,8 @@ class Tuner:
     def _propose(self) -> tuple[D.Design, str, list[str]] | None:
         ok = sorted((e for e in self.entries if e.ratio > 0), key=lambda e: -e.ratio)
         seen_knobs = [(e.design.knobs, e.ratio) for e in self.entries]
+        if self.default is not None and self.default not in self.entries:  # measured, though not verified
+            seen_knobs.append((self.default.design.knobs, 1.0))
         pool: list[tuple[D.Design, str, list[str]]] = []
         for _ in range(60):
             r = self.rng.random()
@@ -494,6 +520,10 @@ class Tuner:
             except Exception:
                 continue  # a combination the engine refuses: not a design
             if design.key in self.seen or any(design.key == p[0].key for p in pool):
+                continue
+            if self.cfg.weights == "q4_1" and not D.batch_invariant(design.knobs):
+                # mixes kernels by batch size: it gives some prompt other tokens under load even
+                # where the verifier's prompts show no flip; not worth a measurement
                 continue
             pool.append((design, agent, parents))
             if len(pool) >= 16:
@@ -550,11 +580,16 @@ class Tuner:
             spent += ev["seconds"] or 0.0  # a resumed run keeps the budget it had left
             self.evaluated += ev["purpose"] == "search"
         deadline = time.monotonic() + max(0.0, self.cfg.time_s - spent)
+        self.deadline = deadline
         self.progress.start(self.run_id, self.cfg.time_s, self.cfg.budget)
         status = "interrupted"
         try:
-            with tempfile.TemporaryDirectory(prefix="sf-tune-") as tmp:
-                self._loop(Path(tmp), deadline)
+            if deadline <= time.monotonic():
+                self.log(f"run {self.run_id} has no time left ({spent:.0f} s of {self.cfg.time_s:.0f} s spent): "
+                         "closing it")
+            else:
+                with tempfile.TemporaryDirectory(prefix="sf-tune-") as tmp:
+                    self._loop(Path(tmp), deadline)
             status = "finished"
         finally:
             self.progress.stop()
@@ -581,6 +616,11 @@ class Tuner:
         self.default_ok = verdict.outcome.correct
         # the champion is the best *verified* design; the default counts only if it passed
         self.champion = self.default if self.default_ok else None
+        prior = getattr(self, "prior_champion", None)
+        if prior is not None and (self.champion is None or prior.ratio > 1.0):
+            # measured in an earlier session: its ratio carries over, its fitness is rescaled to today's default
+            prior.fitness = prior.ratio * fit
+            self.champion = prior
         if self.default_ok:
             self.entries.append(self.default)
         self.log(f"default design: {verdict.outcome.value}, {fit:.1f} tok/s (geomean over {self._pairs()} pairs)"
@@ -634,6 +674,9 @@ class Tuner:
                     srv.close()
             costs.append(time.monotonic() - t_design)
             entry.evaluation_id = self._record(design, verdict, agent, "mutate" if parents else "sample", parents)
+            if verdict.evidence.get("out_of_time"):  # unknown, not bad: the cost model does not learn from it
+                self.log(f"{note}: {verdict.detail}")
+                break
             self.entries.append(entry)
             self.log(f"{note} {verdict.outcome.value}: {verdict.detail} [{design.describe()}]")
             if new_champion:

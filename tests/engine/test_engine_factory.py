@@ -17,9 +17,15 @@ import torch
 from engine_support import THREADS, free_port
 
 from swarmfactory.engine.config import ConfigError, EngineConfig
+from swarmfactory.hardware import cpu_mask
 from swarmfactory.enginefactory import design as D
 from swarmfactory.enginefactory.verify import (NEW_TOKENS, PROMPTS, compute_reference, reference_path,
                                                save_reference, verify)
+
+
+# make test-masked re-runs tests/engine to exercise the engine's no-AVX-512 paths; the factory has
+# none of its own (its designs run those same paths, tested there), so it runs once, unmasked
+pytestmark = pytest.mark.skipif(bool(cpu_mask()), reason="ISA-independent: runs once, unmasked (CI time)")
 
 
 # -- designs ---------------------------------------------------------------------------------------
@@ -126,14 +132,10 @@ def _evaluations(db):
 
 def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_applies(reference, tmp_path,
                                                                                        model_path):
-    from swarmfactory.hardware import cpu_mask
-
-    if cpu_mask():  # make test-masked re-runs tests/engine for the engine's ISA paths; this one has none
-        pytest.skip("the tune loop is ISA-independent and runs once, unmasked (CI time)")
     _, cache = reference
     db = tmp_path / "e.db"
     env = dict(os.environ, SWARMFACTORY_CACHE=str(cache), SWARMFACTORY_STORE=str(db))
-    args = ["engine", "tune", "--time", "10m", "--budget", "3", "--workloads", "16x8", "--concurrency", "1,2",
+    args = ["engine", "tune", "--time", "10m", "--budget", "2", "--workloads", "16x8", "--concurrency", "1,2",
             "--set", f"threads={THREADS}", "--set", "max_batch=16", "--seed", "1"]
     proc = subprocess.Popen([sys.executable, "-m", "swarmfactory.cli", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -159,7 +161,7 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     after = _evaluations(db)
     search = [e for e in after if e["purpose"] == "search"]
     ids = [e["candidate_id"] for e in search]
-    assert len(ids) == len(set(ids)) == 3, "a design evaluated twice, or the budget not spent"
+    assert len(ids) == len(set(ids)) == 2, "a design evaluated twice, or the budget not spent"
     assert {e["id"] for e in before} <= {e["id"] for e in after}  # nothing recorded was lost
     for e in search:  # every verdict names its outcome; measured ones carry their serving figures
         assert e["outcome"] in ("faster", "not_faster", "wrong", "crashed", "timed_out", "build_failed")
