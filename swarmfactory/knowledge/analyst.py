@@ -3,8 +3,8 @@
 It proposes nothing; it reads what the swarm measured and writes ``lessons``. A lesson is a claim
 about two values of one knob of one problem on one machine:
 
-    on rmsnorm (rows 1-128, cols 576), threads=none beats threads=omp by 1.40x [1.30, 1.50],
-    31 evaluations, 12 matched pairs, AMD EPYC avx512
+    on softmax (rows 1-72, cols 512-49152), exp=poly beats exp=libm by 10.31x [6.54, 16.26],
+    10 evaluations, 5 matched pairs, AMD EPYC avx512
 
 **Evidence.** Every correct evaluation (``faster`` or ``not_faster``: search, eval or re-measure)
 of a knob candidate of the problem's current spec on that machine. A candidate that was ever
