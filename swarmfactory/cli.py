@@ -356,9 +356,10 @@ def show_cmd(
 
 
 def _print_summary(summary: dict, wide: bool = False) -> None:
-    from swarmfactory.ui import agent_table, llm_table, result_tables
+    from swarmfactory.ui import agent_table, design_table, llm_table, result_tables
 
-    tables = [*result_tables(summary, wide), agent_table(summary, wide), llm_table(summary, wide)]
+    tables = [*result_tables(summary, wide), design_table(summary, wide), agent_table(summary, wide),
+              llm_table(summary, wide)]
     for k, t in enumerate(t for t in tables if t is not None):
         if k:
             out.line()
