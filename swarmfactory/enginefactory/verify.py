@@ -16,7 +16,6 @@ A failure names the check, the prompt and the first token where the tokens diver
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -41,20 +40,14 @@ class Check:
     evidence: dict = field(default_factory=dict)
 
 
-def _model_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model_digest(path: Path) -> str:
     """sha256 of the model file (cached by path, size and mtime: hashing 100 MB takes ~0.3 s)."""
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _digests:
-        _digests[key] = _model_digest(path)
+        from swarmfactory.engine.native_seam import _sha256  # one file hasher for the engine
+
+        _digests[key] = _sha256(path)
     return _digests[key]
 
 
