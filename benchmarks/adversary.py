@@ -5,7 +5,7 @@ header says how (``/* planted: <kind> -- description */``). These were written n
 hunter; tests/hostile/<problem>/*.c (``--dir tests/hostile``) were written independently of it
 and of the seed validation set (``/* expect: wrong — description */``). For each one this script checks
 whether the problem's bundled seed cases alone reject it (static checks, build, verification;
-nothing is timed), and if they do not, lets ``AdversaryAgent`` hunt for a breaking case: up to
+nothing is timed), and if they do not, lets ``Adversary`` hunt for a breaking case: up to
 ``--turns`` turns of ``--cases`` new cases each, stopping at the first turn that finds one.
 "Cases run until caught" counts the adversary cases verified up to and including the first
 failure (all of the earlier turns, then this turn's cases smallest first, as verification orders
@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from swarmfactory.agents.adversary import AdversaryAgent, case_from_key
+from swarmfactory.adversary import Adversary, case_from_key
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.verify import order_cases
 from swarmfactory.problems import load_problem
@@ -50,7 +50,7 @@ def hunt(harness: Harness, problem, name: str, source: str, turns: int, cases: i
     A finding is suspect when the problem's default template kernel fails the same case: then
     the case (a distribution the tolerance was not made for, a shape the reference mishandles)
     is what is wrong, not the planted bug. Suspect findings are counted and the hunt goes on."""
-    agent = AdversaryAgent(cases_per_turn=cases)
+    agent = Adversary(cases_per_turn=cases)
     rng = random.Random(seed)
     known = {c.key() for c in problem.seed_cases()}
     tried, suspect, template = 0, [], problem.render()

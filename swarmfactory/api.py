@@ -4,31 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from swarmfactory.evidence.store import Store, content_hash
+from swarmfactory.agents.base import candidate_record
+from swarmfactory.evidence.store import Store
 from swarmfactory.problems import Problem, load_problem
-from swarmfactory.tools import tool_versions
 from swarmfactory.validation import validation_set
 
 if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
+    from swarmfactory.config import RunConfig
     from swarmfactory.harness.evaluate import HarnessConfig
-    from swarmfactory.harness.outcome import Verdict
-
-
-def candidate_record(problem: Problem, source: str, agent: str, operator: str, *, backend: str = "c",
-                     knobs: dict | None = None, parents: list[str] | None = None, generation: int = 0,
-                     run_id: str | None = None, flags: list[str] | None = None) -> dict[str, Any]:
-    return {"id": content_hash(source, backend, flags or []), "problem": problem.name,
-            "backend": backend, "source": source, "flags": flags or [], "knobs": knobs,
-            "parents": parents or [], "agent": agent, "operator": operator,
-            "generation": generation, "run_id": run_id}
-
-
-def record(store: Store, problem: Problem, cand: dict, verdict: Verdict, run_id: str | None,
-           validation_version: str, purpose: str = "search") -> int:
-    store.record_problem(problem)
-    store.record_candidate(cand)
-    return store.record_evaluation(cand["id"], problem, verdict, run_id, validation_version,
-                                   tool_versions(), purpose)
+    from swarmfactory.swarm.coordinator import Coordinator
 
 
 def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
@@ -45,7 +29,7 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
     finally:
         harness.close()
     cand = candidate_record(problem, source, agent="user", operator="eval")
-    eval_id = record(store, problem, cand, verdict, None, vversion, purpose="eval")
+    eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
     return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
             "problem": problem.name, "validation_version": vversion}
 
@@ -55,30 +39,45 @@ def reverify_retained(problem: Problem, store: Store, config: HarnessConfig | No
     Failures are recorded (purpose ``reverify``); a failing champion is dethroned and the best
     candidate that still passes takes its place."""
     from swarmfactory.harness.evaluate import Harness
-    from swarmfactory.swarm.succession import reverify_and_succeed
+    from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
 
     cases, vversion = validation_set(problem, store)
-    best: dict[str, float] = {}
-    for ev in store.evaluations(problem=problem.name, this_hardware=True):
-        if ev["problem_spec"] == problem.spec_hash() and ev["outcome"] in ("faster", "not_faster"):
-            best[ev["candidate_id"]] = max(best.get(ev["candidate_id"], 0.0), ev["speedup"] or 0.0)
+    ranked = rank_by_best((ev["candidate_id"], ev["speedup"])
+                          for ev in store.evaluations(problem=problem.name, this_hardware=True)
+                          if ev["problem_spec"] == problem.spec_hash() and ev["outcome"] in ("faster", "not_faster"))
     harness = Harness(config, store=store)
     try:
-        res = reverify_and_succeed(store, harness, problem, cases, vversion,
-                                   sorted(best.items(), key=lambda r: r[1], reverse=True), check_all=True)
+        res = reverify_and_succeed(store, harness, problem, cases, vversion, ranked, check_all=True)
     finally:
         harness.close()
     return {"problem": problem.name, "validation_version": vversion, "candidates": res["rows"],
             "champion_change": res["change"]}
 
 
-def run(problems: str = "all", store: str | Store | None = None, **config) -> dict[str, Any]:
-    """Run the swarm (keyword arguments are ``RunConfig`` fields, e.g. ``budget=50``,
-    ``time_s=600``, ``agents="default,adversary"``); returns the run's summary."""
+def prepare_run(problems: str = "all", store: str | Store | None = None, *, config: RunConfig | None = None,
+                resume: str | None = None, progress=None, **fields) -> Coordinator:
+    """A run ready to start: its configuration checked (``config``, or ``RunConfig`` fields as
+    keywords), agents built, LLM endpoints checked; ``resume`` continues a run of the store with
+    the configuration and budget it had left. ``progress`` receives start/update/stop calls
+    (``ui.RichProgress`` draws them). ``RunError`` / ``ConfigError`` say what is wrong before any
+    work; ``.run()`` starts it and returns the run id (the id is known from the first verdict
+    on, as ``.run_id``, for a caller that handles Ctrl-C)."""
     from swarmfactory.config import RunConfig
     from swarmfactory.swarm.coordinator import Coordinator
+
+    store = store if isinstance(store, Store) else Store(store)
+    if config is None:
+        config = RunConfig.build(problems=problems, **fields)
+    return Coordinator(config, store, resume=resume, progress=progress)
+
+
+def run(problems: str = "all", store: str | Store | None = None, *, resume: str | None = None,
+        progress=None, **config) -> dict[str, Any]:
+    """Run the swarm (keyword arguments are ``RunConfig`` fields, e.g. ``budget=50``,
+    ``time_s=600``, ``agents="default,adversary"``; ``resume=RUN_ID`` continues a run); returns
+    the run's summary (``swarm.summary.summarize``)."""
     from swarmfactory.swarm.summary import summarize
 
     store = store if isinstance(store, Store) else Store(store)
-    run_id = Coordinator(RunConfig.build(problems=problems, **config), store).run()
-    return summarize(store, run_id)
+    coordinator = prepare_run(problems, store, resume=resume, progress=progress, **config)
+    return summarize(store, coordinator.run())

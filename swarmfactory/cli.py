@@ -217,7 +217,7 @@ def eval_cmd(
 def _print_verdict(res: dict) -> None:
     from swarmfactory.ui import compact_table, num, shape_text, speedup_ci
 
-    color = {"faster": "green", "not_faster": "yellow"}.get(res["outcome"], "red")
+    color = {"faster": "green", "not_faster": "yellow", "verified": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)
@@ -301,13 +301,14 @@ def run_cmd(
         fail(str(exc))
     if not resume and cfg.budget is None and cfg.time_s is None:
         fail("give a budget: --budget N evaluations and/or --time 10m")
-    from swarmfactory.swarm.coordinator import Coordinator, RunError
+    from swarmfactory.api import prepare_run
+    from swarmfactory.swarm.coordinator import RunError
     from swarmfactory.swarm.summary import summarize
     from swarmfactory.ui import RichProgress
 
     st = _open_store(store, create=not resume)
     try:
-        coord = Coordinator(cfg, st, resume=resume, progress=None if as_json else RichProgress(err))
+        coord = prepare_run(store=st, config=cfg, resume=resume, progress=None if as_json else RichProgress(err))
     except BaseException as exc:
         st.discard_if_created()  # a run that cannot start leaves no empty store behind
         if isinstance(exc, (ConfigError, RunError, ValueError)):

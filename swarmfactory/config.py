@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class ConfigError(ValueError):
-    pass
+    """A run, engine or design config could not be built; the message says which key and why."""
 
 
 def parse_duration(text: str | int | float | None) -> float | None:

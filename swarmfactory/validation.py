@@ -15,7 +15,7 @@ def validation_set(problem: Problem, store=None) -> tuple[list[Case], str]:
     cases = problem.seed_cases()
     found = store.found_cases(problem.name) if store is not None else []
     known = {c.key() for c in cases}
-    from swarmfactory.agents.adversary import case_from_key
+    from swarmfactory.adversary import case_from_key
 
     for row in found:
         case = case_from_key(row["case_key"], origin=row["found_by"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import entry_points
 
 from swarmfactory.agents.base import Agent, Board, Entry, Proposal
+from swarmfactory.agents.knobs import ASPECTS
 
-__all__ = ["Agent", "Board", "Entry", "Proposal", "make_agents", "AGENT_SETS"]
+__all__ = ["Agent", "Board", "Entry", "Proposal", "make_agents", "agent_names", "AGENT_SETS"]
 
 AGENT_SETS = {
     "default": ["seed", "knob-blocking", "knob-vectorisation", "knob-threading", "knob-unrolling",
@@ -14,26 +16,32 @@ AGENT_SETS = {
 }
 
 
-def _make(name: str) -> Agent:
-    from swarmfactory.agents.crossover import CrossoverAgent
-    from swarmfactory.agents.knobs import ASPECTS, KnobAgent, RandomRestartAgent, SeedAgent
-    from swarmfactory.agents.model_guided import ModelGuidedAgent
+# In-tree agents by name: "module:Class" plus constructor arguments (imported when asked for).
+_IN_TREE: dict[str, tuple[str, tuple]] = {
+    "seed": ("swarmfactory.agents.knobs:SeedAgent", ()),
+    **{f"knob-{aspect}": ("swarmfactory.agents.knobs:KnobAgent", (aspect,))
+       for aspect in ASPECTS},
+    "crossover": ("swarmfactory.agents.crossover:CrossoverAgent", ()),
+    "model-guided": ("swarmfactory.agents.model_guided:ModelGuidedAgent", ()),
+    "random-restart": ("swarmfactory.agents.knobs:RandomRestartAgent", ()),
+}
+BUILT_BY_COORDINATOR = ("adversary", "llm")  # the case hunter (not an agent) and the LLM agents (endpoints)
 
-    if name == "seed":
-        return SeedAgent()
-    if name.startswith("knob-") and name[5:] in ASPECTS:
-        return KnobAgent(name[5:])
-    if name == "crossover":
-        return CrossoverAgent()
-    if name == "model-guided":
-        return ModelGuidedAgent()
-    if name == "random-restart":
-        return RandomRestartAgent()
+
+def agent_names() -> list[str]:
+    return sorted(set(AGENT_SETS) | set(_IN_TREE) | {ep.name for ep in entry_points(group="swarmfactory.agents")}
+                  | set(BUILT_BY_COORDINATOR))
+
+
+def _make(name: str) -> Agent:
+    if name in _IN_TREE:
+        target, args = _IN_TREE[name]
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)(*args)
     eps = {ep.name: ep for ep in entry_points(group="swarmfactory.agents")}
     if name in eps:
         return eps[name].load()()
-    known = sorted(set(AGENT_SETS) | set(AGENT_SETS["default"]) | set(eps) | {"adversary", "llm"})
-    raise ValueError(f"unknown agent {name!r}; known: {', '.join(known)}")
+    raise ValueError(f"unknown agent {name!r}; known: {', '.join(agent_names())}")
 
 
 def make_agents(spec: str | list[str]) -> list[Agent]:
@@ -41,7 +49,7 @@ def make_agents(spec: str | list[str]) -> list[Agent]:
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     out, seen = [], set()
     for raw in (n.strip() for n in names):
-        if not raw or raw in ("adversary", "llm"):  # built by the coordinator (cases; endpoints)
+        if not raw or raw in BUILT_BY_COORDINATOR:
             continue
         for name in AGENT_SETS.get(raw, [raw]):
             if name not in seen:

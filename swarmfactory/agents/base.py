@@ -12,7 +12,18 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarmfactory.evidence.store import content_hash
 from swarmfactory.problems.spec import Problem
+
+
+def candidate_record(problem: Problem, source: str, agent: str, operator: str, *, backend: str = "c",
+                     knobs: dict | None = None, parents: list[str] | None = None, generation: int = 0,
+                     run_id: str | None = None, flags: list[str] | None = None) -> dict[str, Any]:
+    """A candidate as the evidence store keeps it; its id is the content hash of what is built."""
+    return {"id": content_hash(source, backend, flags or []), "problem": problem.name,
+            "backend": backend, "source": source, "flags": flags or [], "knobs": knobs,
+            "parents": parents or [], "agent": agent, "operator": operator,
+            "generation": generation, "run_id": run_id}
 
 
 @dataclass
@@ -23,6 +34,17 @@ class Proposal:
     knobs: dict[str, Any] | None = None
     parents: list[str] = field(default_factory=list)
     generation: int = 0
+    backend: str = "c"
+
+    @property
+    def candidate_id(self) -> str:
+        return content_hash(self.source, self.backend)
+
+    def record(self, problem: Problem, run_id: str | None) -> dict[str, Any]:
+        """This proposal as a candidate record (``candidate_record``)."""
+        return candidate_record(problem, self.source, self.agent, self.operator, backend=self.backend,
+                                knobs=self.knobs, parents=self.parents, generation=self.generation,
+                                run_id=run_id)
 
 
 @dataclass
@@ -102,11 +124,26 @@ def knob_key(knobs: dict[str, Any] | None) -> str:
 
 
 class Agent(ABC):
+    """A proposer of kernels. The coordinator calls ``bind`` once before the first proposal,
+    ``propose`` between evaluations, ``busy`` when nobody had anything new (a busy agent keeps the
+    run alive while it thinks) and ``close`` once at the end. Only ``propose`` is required; the
+    others are no-ops unless an agent has work in the background (the LLM agent)."""
+
     name: str = "agent"
 
     @abstractmethod
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
         """Up to ``n`` proposals for ``board.problem``."""
+
+    def bind(self, store, run_id: str) -> None:
+        """The run's evidence store and id, before the first ``propose`` (no-op by default)."""
+
+    def busy(self) -> bool:
+        """True while the agent has proposals in preparation that a later ``propose`` returns."""
+        return False
+
+    def close(self) -> None:
+        """The run is over: stop background work (no-op by default)."""
 
 
 def knob_proposal(board: Board, knobs: dict, agent: str, operator: str, parents: list[Entry]) -> Proposal | None:

@@ -14,6 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from swarmfactory.config import ConfigError  # noqa: F401 (one error type for every bad config, re-exported)
+
 WeightFormat = Literal["fp32", "bf16", "q4_1"]
 
 # The linear layers of a Llama block plus the output head; each runs one kernel (kernels.py).
@@ -33,10 +35,6 @@ DEFAULT_NATIVE_DECODE = 32
 KERNEL_PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
                    "champion": "champion:q4_1_matmul (the evidence store's champion for this hardware)"}
 NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
-
-
-class ConfigError(ValueError):
-    """A config could not be built; the message says which key and why."""
 
 
 class EngineConfig(BaseModel):

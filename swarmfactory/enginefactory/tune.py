@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from swarmfactory.api import candidate_record, record
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.engine.config import EngineConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
 
@@ -433,7 +433,7 @@ class Tuner:
         cand["id"] = design.key
         verdict.evidence.setdefault("model_sha256", self.problem.model_sha256)
         verdict.evidence.setdefault("design", design.describe())
-        return record(self.store, self.problem, cand, verdict, self.run_id, VALIDATION_VERSION, purpose)
+        return self.store.record_verdict(self.problem, cand, verdict, self.run_id, VALIDATION_VERSION, purpose)
 
     def _prior(self) -> None:
         """Designs this store already evaluated for this problem on this hardware: never again."""

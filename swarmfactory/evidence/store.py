@@ -211,6 +211,18 @@ class Store:
             evidence=_jsonable(d["evidence"]), cases_checked=d["cases_checked"], seconds=d["seconds"]))
         return int(res.inserted_primary_key[0])
 
+    def record_verdict(self, problem, cand: dict[str, Any], verdict, run_id: str | None,
+                       validation_version: str, purpose: str = "search") -> int:
+        """Record a verdict with what it judged: the problem, the candidate (a
+        ``agents.base.candidate_record``) and the evaluation, with today's tool versions; returns
+        the evaluation's id."""
+        from swarmfactory.tools import tool_versions
+
+        self.record_problem(problem)
+        self.record_candidate(cand)
+        return self.record_evaluation(cand["id"], problem, verdict, run_id, validation_version,
+                                      tool_versions(), purpose)
+
     def evaluations(self, problem: str | None = None, run_id: str | None = None,
                     candidate_id: str | None = None, this_hardware: bool = False) -> list[dict]:
         q = select(S.evaluations).order_by(S.evaluations.c.id)

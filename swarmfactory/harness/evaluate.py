@@ -144,7 +144,7 @@ class Harness:
         if prep.rejected is not None:
             return self.rejected_verdict(prep)
         if not measure:
-            return Verdict(Outcome.NOT_FASTER, "verified (not measured)", "verify",
+            return Verdict(Outcome.VERIFIED, "verified (not measured)", "verify",
                            cases_checked=prep.cases_checked, seconds=prep.seconds,
                            evidence={"isolation": prep.extra.get("isolation")})
         return self.measure(prep)

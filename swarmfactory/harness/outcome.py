@@ -14,9 +14,16 @@ class Outcome(str, Enum):
     CHEATED = "cheated"
     NOT_FASTER = "not_faster"
     FASTER = "faster"
+    VERIFIED = "verified"   # passed verification and was never measured: no speed claim either way
 
     @property
     def correct(self) -> bool:
+        """Passed verification (measured or not)."""
+        return self in (Outcome.NOT_FASTER, Outcome.FASTER, Outcome.VERIFIED)
+
+    @property
+    def measured(self) -> bool:
+        """Correct and timed against the baseline: ``faster`` or ``not_faster``."""
         return self in (Outcome.NOT_FASTER, Outcome.FASTER)
 
 

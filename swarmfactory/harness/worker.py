@@ -10,26 +10,11 @@ self-timed loop carries none of the exchange overhead. Candidate code runs only 
 from __future__ import annotations
 
 import gc
-import importlib
-import importlib.util
 import sys
 import time
 
-
 from swarmfactory.harness import protocol
-
-def _load_problem(source: str):
-    if source.endswith(".py"):
-        spec = importlib.util.spec_from_file_location("sf_worker_problem", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(source)
-    if getattr(module, "PROBLEM", None) is None and hasattr(module, "Model"):
-        from swarmfactory.problems.kernelbench import from_kernelbench_module
-
-        return from_kernelbench_module(module, source)
-    return module.PROBLEM
+from swarmfactory.problems import problem_from_source
 
 
 class BaselineRunner:
@@ -41,7 +26,7 @@ class BaselineRunner:
         torch.set_num_threads(max(1, threads))
         self.threads = threads
         self.torch = torch
-        self.problem = _load_problem(problem_source)
+        self.problem = problem_from_source(problem_source)
         if name == "eager-reference":
             self.setup = self.problem.eager or (lambda t: (lambda: self.problem.reference(t)))
         else:

@@ -74,6 +74,19 @@ def load_problem(name_or_path: str) -> Problem:
     return problem
 
 
+def problem_from_source(source: str) -> Problem:
+    """The problem a ``Problem.source_path`` names (a ``.py`` file or an importable module, a
+    KernelBench file included): how a worker process gets the problem its parent holds."""
+    if source.endswith(".py"):
+        return _load_file(Path(source))
+    module = importlib.import_module(source)
+    if getattr(module, "PROBLEM", None) is None and hasattr(module, "Model"):
+        from swarmfactory.problems.kernelbench import from_kernelbench_module
+
+        return from_kernelbench_module(module, source)
+    return _with_source(_from_module(module, source), source)
+
+
 def list_problems() -> list[str]:
     names = list(CPU_NAMES)
     names += sorted(ep.name for ep in entry_points(group="swarmfactory.problems") if ep.name not in names)

@@ -20,12 +20,11 @@ from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
+from swarmfactory.adversary import Adversary
 from swarmfactory.agents import make_agents
-from swarmfactory.agents.adversary import AdversaryAgent
-from swarmfactory.agents.base import Board, Entry, Proposal
-from swarmfactory.api import candidate_record, record
+from swarmfactory.agents.base import Board, Entry, Proposal, knob_key
 from swarmfactory.config import RunConfig
-from swarmfactory.evidence.store import Store, content_hash
+from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.knowledge.analyst import Analyst
@@ -34,7 +33,7 @@ from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
 from swarmfactory.swarm.executors import Executor, LocalExecutor
-from swarmfactory.swarm.succession import reverify_and_succeed
+from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
 from swarmfactory.validation import validation_set
 
 
@@ -89,7 +88,7 @@ class Coordinator:
         self.config = config
         self.problems = resolve_problems(",".join(config.problems))
         self.agents = {a.name: a for a in make_agents(config.agents)}
-        self.adversary = AdversaryAgent() if "adversary" in config.agents else None
+        self.adversary = Adversary() if "adversary" in config.agents else None
         if "llm" in config.agents and not config.llm:
             raise RunError("--agents includes llm but no endpoint was given: add --llm local, "
                            "--llm openai:MODEL or --llm http://HOST:PORT/v1 --llm-model NAME")
@@ -176,8 +175,7 @@ class Coordinator:
             os.sched_setaffinity(0, self.harness.config.verify_cpus)
         self._start_llm_agents()
         for agent in self.agents.values():
-            if hasattr(agent, "bind"):
-                agent.bind(self.store, self.run_id)
+            agent.bind(self.store, self.run_id)
         states = self.states = self._load_state()
         self._learn(states.values())  # lessons from earlier evidence, before the first proposal
         done = self._done_in_run()
@@ -201,7 +199,7 @@ class Coordinator:
                     st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
                     fut = self.executor.submit(st.problem, prop.source, st.cases)
                     in_flight[fut] = (st, prop, cid)
-                waiting = any(getattr(a, "busy", lambda: False)() for a in self.agents.values())
+                waiting = any(a.busy() for a in self.agents.values())
                 if not in_flight and ((idle_turns > MAX_IDLE_TURNS and not waiting)
                                       or all(s.exhausted for s in states.values())
                                       or (cfg.budget is not None and done >= cfg.budget)
@@ -262,8 +260,7 @@ class Coordinator:
 
     def _stop_llm_agents(self) -> None:
         for agent in self.agents.values():
-            if hasattr(agent, "close"):
-                agent.close()
+            agent.close()
         if self.local_engine is not None:
             self.local_engine.stop()
             self.local_engine = None
@@ -298,7 +295,7 @@ class Coordinator:
                     props = []
                 fresh = None
                 for prop in props:
-                    cid = content_hash(prop.source, "c")
+                    cid = prop.candidate_id
                     if cid in st.seen:
                         self.duplicates += 1
                     else:
@@ -306,8 +303,7 @@ class Coordinator:
                         break
                 if fresh:
                     return fresh
-                agent = self.agents[agent_name]
-                if agent_name != "seed" and not getattr(agent, "busy", lambda: False)():
+                if agent_name != "seed" and not self.agents[agent_name].busy():
                     self.bandit.idle(agent_name)
             if self._space_exhausted(st):
                 st.exhausted = True
@@ -316,15 +312,14 @@ class Coordinator:
     @staticmethod
     def _space_exhausted(st: ProblemState) -> bool:
         size = st.problem.knob_space_size() if st.problem.knobs else 0
-        tried = {repr(sorted(e.knobs.items())) for e in st.entries if e.knobs}
+        tried = {knob_key(e.knobs) for e in st.entries if e.knobs}
         return size == 0 or len(tried) >= size
 
     def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict) -> bool:
         """Record a verdict; returns True when it made a new champion."""
-        cand = candidate_record(st.problem, prop.source, prop.agent, prop.operator, knobs=prop.knobs,
-                                parents=prop.parents, generation=prop.generation, run_id=self.run_id)
+        cand = prop.record(st.problem, self.run_id)
         assert cand["id"] == cid
-        eval_id = record(self.store, st.problem, cand, verdict, self.run_id, st.vversion)
+        eval_id = self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion)
         entry = Entry(cid, prop.knobs, verdict.outcome.value, verdict.speedup, prop.agent,
                       prop.generation, verdict.detail)
         st.entries.append(entry)
@@ -365,10 +360,9 @@ class Coordinator:
         st.since_adversary = 0
         if self.adversary is None:
             return
-        retained = [e for e in sorted((e for e in st.entries if e.correct and e.speedup),
-                                      key=lambda e: e.speedup, reverse=True)]
+        retained = rank_by_best((e.candidate_id, e.speedup) for e in st.entries if e.correct)
         ids = list(dict.fromkeys(([st.champion.candidate_id] if st.champion else [])
-                                 + [e.candidate_id for e in retained]))[:ADVERSARY_TARGETS]
+                                 + [cid for cid, _ in retained]))[:ADVERSARY_TARGETS]
         targets = [c for c in (self.store.candidate(i) for i in ids) if c]
         if not targets:
             return
@@ -395,12 +389,8 @@ class Coordinator:
         st.cases, st.vversion = validation_set(st.problem, self.store)
         if self.store.champion(st.problem) is None:
             return
-        best: dict[str, float] = {}
-        for e in st.entries:
-            if e.correct and e.speedup:
-                best[e.candidate_id] = max(best.get(e.candidate_id, 0.0), e.speedup)
-        res = reverify_and_succeed(self.store, self.harness, st.problem, st.cases, st.vversion,
-                                   sorted(best.items(), key=lambda r: r[1], reverse=True), self.run_id)
+        ranked = rank_by_best((e.candidate_id, e.speedup) for e in st.entries if e.correct)
+        res = reverify_and_succeed(self.store, self.harness, st.problem, st.cases, st.vversion, ranked, self.run_id)
         failed = {r["candidate_id"]: r["outcome"] for r in res["rows"] if not r["passes"]}
         for e in st.entries:
             if e.candidate_id in failed:
@@ -415,8 +405,8 @@ class Coordinator:
                 continue
             cand = self.store.candidate(champ["candidate_id"])
             verdict = self._result(self.executor.submit(st.problem, cand["source"], st.cases))
-            eval_id = record(self.store, st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
-            if verdict.outcome.correct:
+            eval_id = self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
+            if verdict.outcome.measured:
                 self.store.set_champion(st.problem, cand["id"], eval_id, verdict.speedup, self.run_id,
                                         f"re-measured: {verdict.speedup:.2f}x [{verdict.ci_low:.2f}, {verdict.ci_high:.2f}]")
             else:

@@ -3,7 +3,16 @@ dethroned and the best candidate that passes today's cases takes its place."""
 
 from __future__ import annotations
 
-from swarmfactory.api import record
+
+def rank_by_best(pairs) -> list[tuple[str, float]]:
+    """(candidate id, speedup) pairs -> each candidate once with its best speedup, best first;
+    pairs without a speedup are left out. The order in which retained candidates are re-verified
+    and hunted."""
+    best: dict[str, float] = {}
+    for cid, speedup in pairs:
+        if speedup:
+            best[cid] = max(best.get(cid, 0.0), speedup)
+    return sorted(best.items(), key=lambda r: r[1], reverse=True)
 
 
 def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: list[tuple[str, float]],
@@ -22,7 +31,7 @@ def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: 
                "passes": prep.rejected is None, "outcome": None, "detail": None}
         if prep.rejected is not None:
             verdict = harness.rejected_verdict(prep)
-            record(store, problem, cand, verdict, run_id, vversion, "reverify")
+            store.record_verdict(problem, cand, verdict, run_id, vversion, "reverify")
             row.update(outcome=verdict.outcome.value, detail=verdict.detail)
         elif first_pass is None:
             first_pass = row

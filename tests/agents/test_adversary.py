@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmfactory.agents.adversary import AdversaryAgent, well_defined
-from swarmfactory.api import candidate_record, record
+from swarmfactory.adversary import Adversary, well_defined
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, Verdict
@@ -27,7 +27,7 @@ def test_adversary_finds_planted_bugs_the_seed_cases_miss(harness, name, conditi
     problem = load_problem("rmsnorm")
     source = (PLANTED / f"{name}.c").read_text()
     assert harness.prepare(problem, source).rejected is None, "seed cases should miss the planted bug"
-    findings = AdversaryAgent().hunt(harness, problem, [{"id": name, "source": source}], [],
+    findings = Adversary().hunt(harness, problem, [{"id": name, "source": source}], [],
                                      random.Random(1), {c.key() for c in problem.seed_cases()})
     assert findings, "the adversary found nothing"
     for f in findings:
@@ -38,7 +38,7 @@ def test_adversary_finds_planted_bugs_the_seed_cases_miss(harness, name, conditi
 def test_adversary_cases_are_well_defined_and_new():
     problem = load_problem("softmax")
     known = {c.key() for c in problem.seed_cases()}
-    cases = AdversaryAgent(cases_per_turn=10).propose_cases(problem, [], random.Random(0), set(known))
+    cases = Adversary(cases_per_turn=10).propose_cases(problem, [], random.Random(0), set(known))
     assert len(cases) == 10
     assert all(c.key() not in known and well_defined(problem, c) for c in cases)
     assert all(problem.valid_shape(c.shape) for c in cases)
@@ -61,7 +61,7 @@ def test_a_dethroned_champion_is_replaced_by_the_next_correct_candidate(tmp_path
     fast_buggy = candidate_record(problem, (PLANTED / "tail_mod4.c").read_text(), "knob-unrolling", "x")
     slower_ok = candidate_record(problem, problem.render(), "seed", "defaults", knobs=dict(problem.knob_defaults))
     for cand, speed in ((fast_buggy, 20.0), (slower_ok, 10.0)):
-        eid = record(store, problem, cand, Verdict(Outcome.FASTER, "", "measure", speedup=speed), None, vv)
+        eid = store.record_verdict(problem, cand, Verdict(Outcome.FASTER, "", "measure", speedup=speed), None, vv)
     store.set_champion(problem, fast_buggy["id"], None, 20.0, None, "planted")
     store.add_case("rmsnorm", Case({"rows": 3, "cols": 66}, 5, "normal"), "adversary", fast_buggy["id"])
     coord = Coordinator(cfg, store)

@@ -15,7 +15,7 @@ import pytest
 from swarmfactory.agents.base import Board, Entry
 from swarmfactory.agents.crossover import CrossoverAgent
 from swarmfactory.agents.knobs import KnobAgent, RandomRestartAgent
-from swarmfactory.api import candidate_record, record
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.knowledge.analyst import MIN_PAIRS, Analyst
@@ -53,7 +53,7 @@ def verdict_for(problem, speedup: float, per_shape: list[float] | None = None) -
 def plant(store, problem, knobs: dict, speedup: float, run=None, purpose="search", per_shape=None) -> int:
     """One evaluation of the configuration ``knobs``, recorded as the coordinator records it."""
     cand = candidate_record(problem, problem.render(knobs), "knob-threading", "test", knobs=dict(knobs), run_id=run)
-    return record(store, problem, cand, verdict_for(problem, speedup, per_shape), run, "vv", purpose)
+    return store.record_verdict(problem, cand, verdict_for(problem, speedup, per_shape), run, "vv", purpose)
 
 
 def others(n: int, skip: int = 0):
@@ -111,7 +111,7 @@ def test_a_wrong_candidate_teaches_nothing(tmp_path, rmsnorm):
     plant_threads(store, rmsnorm, pairs=4, none_over_omp=1.4)
     # one of the pairs' candidates is later found wrong: three pairs left, below the rule
     cand = candidate_record(rmsnorm, rmsnorm.render({**BASE, **others(1)[0], "threads": "omp"}), "x", "y")
-    record(store, rmsnorm, cand, Verdict(Outcome.WRONG, "found wrong", "verify"), None, "vv2", "reverify")
+    store.record_verdict(rmsnorm, cand, Verdict(Outcome.WRONG, "found wrong", "verify"), None, "vv2", "reverify")
     Analyst(store).update(["rmsnorm"])
     assert lessons_about(store, "rmsnorm", "threads") == []
 
@@ -250,7 +250,7 @@ def test_the_llm_prompt_carries_lessons_and_timings(tmp_path, rmsnorm):
 
     store = vw_lessons(tmp_path, rmsnorm)
     cand = candidate_record(rmsnorm, rmsnorm.render(BASE), "seed", "defaults", knobs=dict(BASE))
-    record(store, rmsnorm, cand, verdict_for(rmsnorm, 2.5), None, "vv")
+    store.record_verdict(rmsnorm, cand, verdict_for(rmsnorm, 2.5), None, "vv")
     champ = Entry(cand["id"], dict(BASE), "faster", 2.5, "seed", 0)
     know = knowledge_for(rmsnorm, store.current_lessons(), store.hardware)
     agent = LLMAgent(ChatClient(Endpoint("t", "http://127.0.0.1:9/v1", "m")))

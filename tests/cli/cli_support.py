@@ -41,7 +41,7 @@ def recorded_run(db: Path, champion_agent: str = "knob-vectorisation") -> str:
     """A store with one run over rmsnorm and attention_decode: a faster candidate from every agent
     in ``AGENTS`` (speedup rising with the evaluation number), some rejected ones, and a champion
     per problem that was re-measured at the end (a lower figure than the search measured)."""
-    from swarmfactory.api import candidate_record, record
+    from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
     from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
     from swarmfactory.problems import load_problem
@@ -63,7 +63,7 @@ def recorded_run(db: Path, champion_agent: str = "knob-vectorisation") -> str:
                 verdict = Verdict(Outcome.FASTER, f"{s:.2f}x", "measure", speedup=s, ci_low=s * 0.97,
                                   ci_high=s * 1.02, vs_reference=s * 1.2, roofline_fraction=0.5,
                                   baseline="eager", shapes=shapes)
-            eid = record(store, p, cand, verdict, run, "vv")
+            eid = store.record_verdict(p, cand, verdict, run, "vv")
             if agent == champion_agent and verdict.outcome is Outcome.FASTER:
                 best = (cand, verdict.speedup, eid)
         cand, s, eid = best
@@ -73,7 +73,7 @@ def recorded_run(db: Path, champion_agent: str = "knob-vectorisation") -> str:
                   for sh in p.workload]
         v2 = Verdict(Outcome.FASTER, f"{s2:.2f}x", "measure", speedup=s2, ci_low=s2 * 0.95, ci_high=s2 * 1.03,
                      vs_reference=s2 * 1.2, roofline_fraction=0.5, baseline="eager", shapes=shapes)
-        eid2 = record(store, p, cand, v2, run, "vv", purpose="remeasure")
+        eid2 = store.record_verdict(p, cand, v2, run, "vv", purpose="remeasure")
         store.set_champion(p, cand["id"], eid2, s2, run, f"re-measured: {s2:.2f}x")
     store.set_run_status(run, "finished")
     store.engine.dispose()

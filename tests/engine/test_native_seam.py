@@ -215,7 +215,7 @@ def test_config_rejects_unknown_prefixes_and_problems():
 
 def _store_with_champion(path, problem, source) -> str:
     """A store at ``path`` whose q4_1_matmul champion (this hardware) has ``source``."""
-    from swarmfactory.api import candidate_record
+    from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
 
     store = Store(str(path))

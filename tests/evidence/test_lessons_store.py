@@ -8,7 +8,7 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
-from swarmfactory.api import candidate_record, record
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.knowledge.analyst import Analyst
@@ -59,7 +59,7 @@ def test_the_analyst_reads_and_writes_through_the_backend(any_store):
                 knobs = {**base, "acc": acc, "unroll": unroll, "threads": threads}
                 cand = candidate_record(p, p.render(knobs), "knob-threading", "t", knobs=knobs)
                 shapes = [ShapeTiming(dict(sh), 10 / s, 10.0, 12.0, s, s, s, s, 0.5) for sh in p.workload]
-                record(any_store, p, cand, Verdict(Outcome.FASTER, "", "measure", speedup=s, ci_low=s, ci_high=s,
+                any_store.record_verdict(p, cand, Verdict(Outcome.FASTER, "", "measure", speedup=s, ci_low=s, ci_high=s,
                                                    shapes=shapes), None, "vv")
     assert any_store.evaluated_problems() == ["rmsnorm"]
     rows = any_store.knob_evidence("rmsnorm")

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
-from swarmfactory.api import candidate_record, record
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store, StoreError, content_hash
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
@@ -40,7 +40,7 @@ def test_evaluations_candidates_and_champions_round_trip(any_store):
     run = any_store.create_run({"problems": ["rmsnorm"]})
     cand = candidate_record(p, p.render(), "seed", "defaults", knobs=dict(p.knob_defaults), run_id=run)
     v = Verdict(Outcome.FASTER, "1.5x", "measure", speedup=1.5, ci_low=1.4, ci_high=1.6)
-    eid = record(any_store, p, cand, v, run, "vv1")
+    eid = any_store.record_verdict(p, cand, v, run, "vv1")
     assert any_store.record_candidate(cand) is False  # known content hash
     ev = any_store.evaluation(eid)
     assert ev["outcome"] == "faster" and ev["hardware"]["id"] == any_store.hardware["id"]

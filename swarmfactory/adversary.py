@@ -1,6 +1,7 @@
-"""The adversary: an agent whose job is to break the retained candidates.
+"""The adversary: the swarm's hunter of validation cases that break the retained candidates.
 
-It proposes validation *cases*, not kernels, searching every dimension of a case: edge shapes
+It is not an ``Agent`` (agents propose kernels to the coordinator): it proposes validation
+*cases*, searching every dimension of a case: edge shapes
 (1, primes, non-multiples of the vector width and tile, very long rows, each dimension alone at
 its extreme), value distributions (huge/tiny magnitudes, constant rows, alternating signs, NaN,
 -0.0, denormals and infinities where the problem defines them) and scalar arguments (eps, theta,
@@ -60,8 +61,9 @@ def well_defined(problem: Problem, case: Case) -> bool:
     return outs_finite or not inputs_finite
 
 
-class AdversaryAgent:
-    """Proposes cases; ``hunt`` tests them against retained candidates through the harness."""
+class Adversary:
+    """Proposes cases; ``hunt`` tests them against retained candidates through the harness.
+    ``name`` is its provenance on the cases it finds."""
 
     name = "adversary"
 
