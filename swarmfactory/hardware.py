@@ -126,7 +126,28 @@ def cpu_fingerprint() -> dict:
     if cpu_mask():
         fp["mask"] = cpu_mask()
     fp["id"] = hashlib.sha256(repr(sorted(fp.items())).encode()).hexdigest()[:12]
+    caches = cache_sizes()
+    if caches:  # described, not identifying: the id stays what it was before caches were recorded
+        fp["caches"] = caches
     return fp
+
+
+def cache_sizes() -> dict[str, int]:
+    """Data cache sizes in KiB as the kernel reports them for CPU 0 (``l1d``, ``l2``, ``l3``); {}
+    where sysfs does not say."""
+    out = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for i in range(8):
+        level, kind, size = (_read(f"{base}/index{i}/{f}") for f in ("level", "type", "size"))
+        if not (level and kind and size) or kind.strip() == "Instruction":
+            continue
+        text = size.strip().upper()
+        mult = 1024 if text.endswith("M") else 1
+        try:
+            out[f"l{level.strip()}{'d' if level.strip() == '1' else ''}"] = int(text.rstrip("KM")) * mult
+        except ValueError:
+            continue
+    return out
 
 
 def environment_snapshot() -> dict:

@@ -72,7 +72,8 @@ class Board:
     """What an agent may read: the problem, what has been tried, the champion, lessons.
 
     ``lessons`` are one-line claims (most relevant first) for prompts; ``priors`` their effect on
-    knob values (knob -> value -> relative weight, 1 neutral; ``knowledge.priors``). Without
+    knob values (knob -> value -> relative weight, 1 neutral; ``knowledge.priors``); ``transfer``
+    the evidence of other problems and machines as cost-model rows (``knowledge.costmodel.Row``). Without
     priors ``pick`` and ``prefer`` draw exactly as a uniform choice would."""
 
     problem: Problem
@@ -82,6 +83,8 @@ class Board:
     rng: random.Random
     budget_left: int | None = None
     priors: dict[str, dict[Any, float]] = field(default_factory=dict)
+    transfer: list = field(default_factory=list)   # cost-model rows from other problems and machines
+    hardware: dict | None = None                   # this machine's fingerprint (the store's)
 
     def elites(self, k: int = 8) -> list[Entry]:
         good = [e for e in self.entries if e.correct and e.speedup is not None]

@@ -1,46 +1,41 @@
-"""Model-guided search: a gradient-boosting cost model trained on the evidence so far predicts
-the log-speedup of unseen configurations; the agent proposes the best predicted, with
-exploration (an upper-confidence bonus from the spread of bootstrap-trained models, and an
-occasional random pick). Failed configurations train the model as a heavy penalty, so it learns
-to avoid them too."""
+"""Model-guided search: a cost model predicts the speedup of unseen configurations; the agent
+proposes the best predicted, with exploration (an upper-confidence bonus from the spread of
+bootstrap-trained models, and an occasional random pick).
+
+The model (``knowledge.costmodel``) trains on this problem's evidence on this machine and on what
+the board carries from elsewhere (``board.transfer``: other problems, other machines, described by
+their features), so on a new problem or a new machine it proposes from the first turn, and its own
+evidence takes over as it accumulates. Failed configurations train it as a heavy penalty, so it
+learns to avoid them too."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from swarmfactory.agents.base import Agent, Board, Proposal, knob_key, knob_proposal
 
-FAIL_LOG_SPEEDUP = math.log(0.05)
 POOL = 400
-
-
-def encode(problem, knobs: dict) -> list[float]:
-    row = []
-    for k, values in problem.knobs.items():
-        values = list(values)
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            row.append(math.log2(max(float(knobs[k]), 1e-9)) if min(values) > 0 else float(knobs[k]))
-        row.extend(1.0 if knobs[k] == v else 0.0 for v in values)
-    return row
 
 
 class ModelGuidedAgent(Agent):
     name = "model-guided"
 
-    def __init__(self, min_points: int = 6, models: int = 4, explore: float = 0.5, epsilon: float = 0.1):
+    def __init__(self, min_points: int = 6, models: int = 3, explore: float = 0.5, epsilon: float = 0.1,
+                 min_transfer: int = 24):
         self.min_points, self.models, self.explore, self.epsilon = min_points, models, explore, epsilon
+        self.min_transfer = min_transfer
 
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
-        from sklearn.ensemble import GradientBoostingRegressor
+        from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets
 
         p, rng = board.problem, board.rng
+        hw = board.hardware or {}
         data = [e for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)]
-        if not p.knobs or len(data) < self.min_points:
+        own = [r for r in (make_row(p, hw, e.knobs, e.outcome, e.speedup) for e in data) if r is not None]
+        transfer = list(board.transfer)
+        if not p.knobs or (len(own) < self.min_points and len(transfer) < self.min_transfer):
             return []
-        X = np.array([encode(p, e.knobs) for e in data])
-        y = np.array([math.log(e.speedup) if e.correct and e.speedup else FAIL_LOG_SPEEDUP for e in data])
+        for r in own:
+            r.hardware_id = hw.get("id", r.hardware_id)
+        rows = relative_targets(transfer + own)
         tried = board.tried()
         pool, seen = [], set()
         for _ in range(POOL * 3):
@@ -54,25 +49,18 @@ class ModelGuidedAgent(Agent):
             pool.append(knobs)
         if not pool:
             return []
-        Xp = np.array([encode(p, k) for k in pool])
-        nprng = np.random.default_rng(rng.randrange(1 << 30))
-        preds = []
-        for _ in range(self.models):
-            idx = nprng.integers(0, len(X), len(X))
-            model = GradientBoostingRegressor(n_estimators=60, max_depth=3, learning_rate=0.1,
-                                              random_state=int(nprng.integers(1 << 30)))
-            model.fit(X[idx], y[idx])
-            preds.append(model.predict(Xp))
-        preds = np.array(preds)
-        score = preds.mean(axis=0) + self.explore * preds.std(axis=0)
-        order = list(np.argsort(-score))
+        model = CostModel(models=self.models, n_estimators=60, seed=rng.randrange(1 << 30))
+        mean, spread = model.fit(rows, own=(p.name, hw.get("id"))).predict(p, hw, pool)
+        score = mean + self.explore * spread
+        order = sorted(range(len(pool)), key=lambda i: -score[i])
         parents = board.elites(1)
         out = []
         for i in order:
             if len(out) >= n:
                 break
             pick = pool[rng.randrange(len(pool))] if rng.random() < self.epsilon else pool[i]
-            prop = knob_proposal(board, pick, self.name, "cost-model", parents)
+            prop = knob_proposal(board, pick, self.name, "cost-model" if own else "cost-model (transferred)",
+                                 parents)
             if prop and all(prop.knobs != o.knobs for o in out):
                 out.append(prop)
         return out

@@ -35,11 +35,13 @@ MAX_LINES = 8
 @dataclass
 class Knowledge:
     """What the board carries for one problem: prompt lines (most relevant first), knob priors
-    (knob -> value -> relative weight, 1 neutral) and the lessons used with their weights."""
+    (knob -> value -> relative weight, 1 neutral), the lessons used with their weights, and the
+    evidence of other problems and machines for the cost model (``costmodel.Row``)."""
 
     lines: list[str] = field(default_factory=list)
     priors: dict[str, dict[Any, float]] = field(default_factory=dict)
     used: list[tuple[str, float]] = field(default_factory=list)
+    rows: list = field(default_factory=list)   # cost-model rows of other problems and machines
 
 
 def _mid_log_bytes(rng) -> float | None:

@@ -124,6 +124,9 @@ class Problem:
     param_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     source_path: str = ""
     note: str = ""  # e.g. how a KernelBench file was scaled down to fit
+    # The op family (norm, gated_activation, softmax, rope, quantized_matvec, attention...): what
+    # lessons and the cost model carry between problems; not part of the spec hash. "" unknown.
+    family: str = ""
 
     @property
     def c_signature(self) -> str:

@@ -28,6 +28,7 @@ from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.knowledge.analyst import Analyst
+from swarmfactory.knowledge.costmodel import evidence_rows
 from swarmfactory.knowledge.priors import Knowledge, knowledge_for
 from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
@@ -287,7 +288,8 @@ class Coordinator:
             if st.exhausted:
                 continue
             board = Board(st.problem, st.entries + list(st.pending.values()), st.champion, st.knowledge.lines,
-                          self.rng, budget_left, priors=st.knowledge.priors)
+                          self.rng, budget_left, priors=st.knowledge.priors, transfer=st.knowledge.rows,
+                          hardware=self.store.hardware)
             for agent_name in self.bandit.order():
                 try:
                     props = self.agents[agent_name].propose(board, PROPOSALS_PER_ASK)
@@ -341,7 +343,8 @@ class Coordinator:
     def _learn(self, states) -> None:
         """The analyst over these problems' evidence on this machine (new, re-checked and retired
         lessons recorded with the run id); then every problem's board knowledge is refreshed, since
-        a lesson of one problem also shapes the priors of problems like it. Pure Python over the
+        a lesson of one problem also shapes the priors of problems like it, and the evidence of
+        other problems and machines becomes the cost model's transferred rows. Pure Python over the
         store; a failure is logged and costs the run nothing but the lessons."""
         states = list(states)
         for st in states:
@@ -350,8 +353,11 @@ class Coordinator:
             written = self.analyst.update([st.problem for st in states], self.run_id, [self.store.hardware["id"]])
             self.lessons_written += len(written)
             lessons = self.store.current_lessons()
+            rows = evidence_rows(self.store)
+            hw = self.store.hardware["id"]
             for st in self.states.values():
                 st.knowledge = knowledge_for(st.problem, lessons, self.store.hardware)
+                st.knowledge.rows = [r for r in rows if (r.problem, r.hardware_id) != (st.problem.name, hw)]
         except Exception as exc:  # lessons are advice; a bug in deriving them must not end the run
             log.warning("analyst failed: %s: %s", type(exc).__name__, exc)
 

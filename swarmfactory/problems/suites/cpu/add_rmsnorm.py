@@ -58,6 +58,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="add_rmsnorm",
+    family="norm",
     version=1,
     description="Residual add fused with RMSNorm (Llama), fp32, two outputs: h = x + r, the new "
                 "residual, and y = rmsnorm(h) * w; eps is an argument (1e-6 .. 1e-3).",

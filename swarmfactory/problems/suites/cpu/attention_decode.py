@@ -77,6 +77,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="attention_decode",
+    family="attention",
     version=2,
     description="Single-token decode attention over a KV cache with grouped-query heads "
                 "(heads a multiple of kv_heads), no mask, fp32; the score scale is an argument.",

@@ -57,6 +57,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="geglu",
+    family="gated_activation",
     version=1,
     description="GELU-gated product gelu_tanh(gate) * up over a flat fp32 vector (Gemma MLP "
                 "activation; GELU's tanh approximation, gelu_pytorch_tanh).",

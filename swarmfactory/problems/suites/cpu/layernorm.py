@@ -57,6 +57,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="layernorm",
+    family="norm",
     version=1,
     description="Row-wise layer normalisation with a learned scale and bias (torch LayerNorm, "
                 "biased variance), fp32; eps is an argument (1e-6 .. 1e-3).",

@@ -118,6 +118,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="q4_1_matmul",
+    family="quantized_matvec",
     version=2,
     description="y = x @ W.T with W (n x k) in GGUF Q4_1 blocks (fp16 d, fp16 m, 32 nibbles; "
                 "w = d*q + m), x fp32 (batch x k); k is a multiple of 32.",

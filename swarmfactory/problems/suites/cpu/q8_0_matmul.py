@@ -105,6 +105,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="q8_0_matmul",
+    family="quantized_matvec",
     version=1,
     description="y = x @ W.T with W (n x k) in GGUF Q8_0 blocks (fp16 d, 32 int8 q; w = d*q), "
                 "x fp32 (batch x k); k is a multiple of 32.",

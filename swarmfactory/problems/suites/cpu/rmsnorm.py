@@ -46,6 +46,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="rmsnorm",
+    family="norm",
     version=2,
     description="Row-wise RMS normalisation with a learned scale (Llama RMSNorm), fp32; eps is an "
                 "argument (1e-6 .. 1e-3).",

@@ -68,6 +68,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="rope",
+    family="rope",
     version=2,
     description="Rotary position embedding (rotate-half, HF Llama) of tokens x heads x head_dim "
                 "fp32 activations at int64 positions; head_dim is even, positions are in "

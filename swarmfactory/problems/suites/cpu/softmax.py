@@ -52,6 +52,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="softmax",
+    family="softmax",
     version=2,
     description="Row-wise numerically stable softmax (attention scores, vocabulary logits), fp32.",
     args=(Arg("x", "in"), Arg("y", "out"), Arg("rows", "int"), Arg("cols", "int")),

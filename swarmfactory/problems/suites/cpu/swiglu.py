@@ -41,6 +41,7 @@ def roofline(shape):
 
 PROBLEM = Problem(
     name="swiglu",
+    family="gated_activation",
     version=2,
     description="SiLU-gated product silu(gate) * up over a flat fp32 vector (Llama MLP activation).",
     args=(Arg("gate", "in"), Arg("up", "in"), Arg("y", "out"), Arg("n", "int")),
