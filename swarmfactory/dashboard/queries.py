@@ -37,9 +37,14 @@ def version(c: Connection) -> str:
     return "-".join(str(v or 0) for v in row)
 
 
+def _model_name(cfg: dict) -> str:
+    """An engine run's model file by its name (the folder it lies in is this machine's business)."""
+    return str(cfg.get("model") or "").replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def _budget(cfg: dict) -> dict:
     kind = cfg.get("kind") or "kernel"
-    return {"kind": kind, "problems": cfg.get("problems") or ([cfg.get("model")] if cfg.get("model") else []),
+    return {"kind": kind, "problems": cfg.get("problems") or ([_model_name(cfg)] if cfg.get("model") else []),
             "budget": cfg.get("budget"), "time_s": cfg.get("time_s"),
             "agents": cfg.get("agents") if isinstance(cfg.get("agents"), list) else None}
 
@@ -272,7 +277,7 @@ def engine_runs(c: Connection, limit: int = 10, per_run: int = 100) -> list[dict
                             "detail": _clip(e.detail, 200), "seconds": e.seconds, "serving": levels})
         cfg = r["config"] or {}
         problem = c.execute(select(E.c.problem).where(E.c.run_id == r["id"]).limit(1)).scalar()
-        model = str(cfg.get("model") or "").replace("\\", "/").rsplit("/", 1)[-1]  # the file's name, not its folder
+        model = _model_name(cfg)
         out.append({"id": r["id"], "status": r["status"], "created_at": r["created_at"],
                     "model": model or problem or "?", "problem": problem, "weights": cfg.get("weights"),
                     "concurrency": cfg.get("concurrency"), "workloads": cfg.get("workloads"), "designs": designs})
