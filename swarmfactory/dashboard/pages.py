@@ -171,7 +171,7 @@ def _pager(path: str, params: dict, key: str, offset: int, limit: int, total: in
 def _run_section(c, run: dict, params: dict) -> str:
     rid = run["id"]
     v = run["verdicts"]
-    bars = stacked_bars_svg([(x["problem"], x["outcomes"]) for x in v])
+    bars = stacked_bars_svg([(x["problem"], x["outcomes"]) for x in v], width=540)
     board = run["scoreboard"]
     cols = [o for o in OUTCOME_ORDER if any(o in a["outcomes"] for a in board)]
     head = ("<tr><th class='l'>agent</th><th>proposals</th><th>correct</th><th>faster</th><th>champions</th>"
@@ -233,7 +233,7 @@ def _champions_section(c) -> str:
              "<th>speedup</th><th class='l'>run</th><th class='l'>why</th><th class='l'>since (UTC)</th></tr>"
              + rows + "</table>") if rows else ""
     return (f"<section id='champions'><h2>Champion speedup over time</h2>"
-            f"{timeline_svg(series)}{table}</section>")
+            f"{timeline_svg(series, until=datetime.now(timezone.utc).timestamp())}{table}</section>")
 
 
 def _cases_section(c, params: dict) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import math
-from datetime import datetime
+from datetime import datetime, timezone
 
 # One colour per verdict, the same everywhere (green: faster, amber: correct but not faster).
 OUTCOME_COLORS = {"faster": "#1a7f37", "not_faster": "#d4a72c", "wrong": "#d1242f", "cheated": "#8250df",
@@ -122,19 +122,20 @@ def _time_ticks(t0: float, t1: float, n: int = 5) -> list[float]:
 
 
 def _time_label(t: float, span: float) -> str:
-    d = datetime.fromtimestamp(t)
+    d = datetime.fromtimestamp(t, timezone.utc)
     return d.strftime("%H:%M:%S" if span < 600 else "%H:%M" if span < 86400 else "%m-%d %H:%M")
 
 
 def timeline_svg(series: dict[str, list[tuple[float, float]]], width: int = 680, height: int = 260,
-                 ylabel: str = "champion speedup") -> str:
-    """Step lines of a value over wall-clock time, one per series (``label -> [(unix time, value)]``,
-    time ascending), with a legend. A series holds its last value to the right edge."""
+                 ylabel: str = "champion speedup", until: float | None = None) -> str:
+    """Step lines of a value over wall-clock time (UTC), one per series (``label -> [(unix time,
+    value)]``, time ascending), with a legend. A series holds its last value to the right edge,
+    ``until`` (e.g. now) or the last point."""
     series = {k: v for k, v in series.items() if v}
     if not series:
         return '<p class="muted">nothing to plot yet</p>'
     times = [t for pts in series.values() for t, _ in pts]
-    t0, t1 = min(times), max(times)
+    t0, t1 = min(times), max(times + ([until] if until else []))
     t1 = t1 if t1 > t0 else t0 + 60
     left, right, top, bottom = 60, 40, 14, 46 + 18 * ((len(series) + 2) // 3)
     pw, ph = width - left - right, height - top - bottom
@@ -176,9 +177,17 @@ def stacked_bars_svg(rows: list[tuple[str, dict[str, int]]], width: int = 680) -
         return '<p class="muted">no verdicts yet</p>'
     present = [o for o in OUTCOME_ORDER if any(o in c for _, c in rows)]
     present += sorted({o for _, c in rows for o in c} - set(present))
-    label_w = min(220, 14 + 7 * max(len(label) for label, _ in rows))
+    label_w = min(240, 20 + 8 * max(len(label) for label, _ in rows))
     left, right, bar, gap = label_w, 70, 20, 8
-    height = len(rows) * (bar + gap) + 40
+    legend, x, line = [], 10.0, 0  # (x, line, outcome), wrapped to the width
+    for o in present:
+        need = 30 + 7.5 * len(o)
+        if x + need > width and x > 10:
+            x, line = 10.0, line + 1
+        legend.append((x, line, o))
+        x += need
+    top_legend = len(rows) * (bar + gap) + 22
+    height = top_legend + 18 * (line + 1)
     most = max(sum(c.values()) for _, c in rows)
     pw = width - left - right
     el = [_open(width, height, "verdict breakdown")]
@@ -194,11 +203,9 @@ def stacked_bars_svg(rows: list[tuple[str, dict[str, int]]], width: int = 680) -
                       f'fill="{OUTCOME_COLORS.get(o, "#999")}"><title>{_e(label)}: {_e(o)} {n}</title></rect>')
             x += w
         el.append(f'<text x="{x + 6:.1f}" y="{y + bar - 5}">{sum(counts.values())}</text>')
-    y = height - 12
-    x = float(left)
-    for o in present:
+    for x, line, o in legend:
+        y = top_legend + 18 * line
         el.append(f'<rect x="{x:.1f}" y="{y - 10}" width="12" height="12" fill="{OUTCOME_COLORS.get(o, "#999")}"/>'
                   f'<text x="{x + 16:.1f}" y="{y}">{_e(o)}</text>')
-        x += 30 + 7.5 * len(o)
     el.append("</svg>")
     return "".join(el)
