@@ -308,7 +308,8 @@ def candidate(info: dict) -> str:
                "<table><tr><th class='l'>candidate</th><th class='l'>agent</th><th class='l'>operator</th><th>gen</th>"
                "<th>best speedup</th><th class='l'>parents</th></tr>"
                + "".join(f"<tr><td class='l'>{_cand(a['id'])}</td><td class='l'>{_e(a['agent'])}</td>"
-                         f"<td class='l'>{_e(a['operator'])}</td><td>{a['generation']}</td><td>{_f(a['best_speedup'])}</td>"
+                         f"<td class='l'>{_e(a['operator'])}</td><td>{a['generation']}</td>"
+                         f"<td>{_f(a['best_speedup'])}</td>"
                          f"<td class='l'>{', '.join(_cand(p) for p in (a['parents'] or []))}</td></tr>" for a in anc)
                + "</table>")
     if info["children"]:

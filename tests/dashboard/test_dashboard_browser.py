@@ -21,7 +21,8 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright is not installed (pip install -e '.[test]')")
     exe = _chromium()
     if exe is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium, or set SWARMFACTORY_CHROMIUM)")

@@ -6,7 +6,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
