@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from urllib.parse import quote, urlencode
 
 from swarmfactory.dashboard import queries as Q
-from swarmfactory.report.charts import OUTCOME_COLORS, OUTCOME_ORDER, stacked_bars_svg, timeline_svg
+from swarmfactory.report.charts import OUTCOME_COLORS, OUTCOME_ORDER, bars_svg, stacked_bars_svg, timeline_svg
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#24292f;color:#fff;padding:.6em 1.5em;display:flex;gap:1.5em;align-items:baseline;flex-wrap:wrap}
@@ -283,6 +283,10 @@ def _engine_section(runs: list[dict]) -> str:
                         f"<td class='l'>{_e(d['purpose'])}</td><td class='l'>{_outcome(d['outcome'])}</td>"
                         f"<td>{_f(d['ratio'])}</td><td>{_f(d['fitness'], '.1f')}</td>{cells}"
                         f"<td class='l'>{_e(d['design'])}</td></tr>")
+        ratios = [(f"{d['candidate_id'][:14]} ({d['agent'] or '?'})", d["ratio"]) for d in r["designs"]
+                  if d["purpose"] == "search" and d["ratio"]]
+        if ratios:
+            parts.append("<p>serving fitness against the default design (dashed: 1x)</p>" + bars_svg(ratios[:40]))
         parts.append("<table><tr><th class='l'>design</th><th class='l'>agent</th><th class='l'>purpose</th>"
                      "<th class='l'>verdict</th><th>vs default</th><th>fitness</th>" + head
                      + "<th class='l'>settings</th></tr>" + "".join(rows) + "</table>"

@@ -209,3 +209,29 @@ def stacked_bars_svg(rows: list[tuple[str, dict[str, int]]], width: int = 680) -
                   f'<text x="{x + 16:.1f}" y="{y}">{_e(o)}</text>')
     el.append("</svg>")
     return "".join(el)
+
+
+def bars_svg(rows: list[tuple[str, float]], unit: str = "x", reference: float | None = 1.0,
+             width: int = 680) -> str:
+    """One horizontal bar per row (``label``, ``value``), the value written at its end; a dashed
+    line marks ``reference`` (e.g. 1x: the default)."""
+    rows = [(label, v) for label, v in rows if v is not None]
+    if not rows:
+        return '<p class="muted">nothing measured yet</p>'
+    label_w = min(240, 20 + 8 * max(len(label) for label, _ in rows))
+    left, right, bar, gap = label_w, 80, 18, 6
+    height = len(rows) * (bar + gap) + 10
+    top = max([v for _, v in rows] + [reference or 0]) or 1.0
+    pw = width - left - right
+    el = [_open(width, height, "bars")]
+    for i, (label, v) in enumerate(rows):
+        y = 4 + i * (bar + gap)
+        w = pw * max(v, 0) / top
+        el.append(f'<text x="{left - 8}" y="{y + bar - 4}" text-anchor="end">{_e(label)}</text>'
+                  f'<rect x="{left}" y="{y}" width="{max(w, 0.5):.1f}" height="{bar}" fill="#1f6feb"/>'
+                  f'<text x="{left + w + 6:.1f}" y="{y + bar - 4}">{v:.2f}{_e(unit)}</text>')
+    if reference:
+        x = left + pw * reference / top
+        el.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height}" stroke="#888" stroke-dasharray="5 4"/>')
+    el.append("</svg>")
+    return "".join(el)

@@ -99,6 +99,8 @@ def test_cases_lessons_and_engine_runs(filled):
     for section in ("id='cases'", "id='lessons'", "id='engine'"):
         assert section in page
     assert "731.8" in page and "broke model-guided" in page and "/models/" not in page
+    engine = page.split("id='engine'")[1].split("</section>")[0]
+    assert "<svg" in engine and ">1.18x</text>" in engine  # the tuned design's ratio, drawn
 
 
 @pytest.mark.parametrize("path,status,message", [
@@ -170,6 +172,13 @@ def test_the_page_updates_itself_without_a_network_fetch(filled):
     assert version == get_json(server.url, "/api/version")["version"]
     fragment = get(server.url, "/?fragment=1")[2].decode()
     assert fragment.startswith("<section id='runs'>") and "<html" not in fragment
+
+
+def test_cli_help_names_the_options():
+    proc = sf("dashboard", "--help", env={"COLUMNS": "200"})
+    assert proc.returncode == 0
+    for text in ("--store", "--host", "--port", "--debug", "127.0.0.1", "8050", "read-only"):
+        assert text in proc.stdout, text
 
 
 def test_cli_reports_a_missing_store_and_a_bad_port(tmp_path):
