@@ -177,8 +177,8 @@ def test_the_page_updates_itself_without_a_network_fetch(filled):
 def test_cli_help_names_the_options():
     proc = sf("dashboard", "--help", env={"COLUMNS": "200"})
     assert proc.returncode == 0
-    for text in ("--store", "--host", "--port", "--debug", "127.0.0.1", "8050", "read-only"):
-        assert text in proc.stdout, text
+    for needle in ("--store", "--host", "--port", "--debug", "127.0.0.1", "8050", "read-only"):
+        assert needle in proc.stdout, needle
 
 
 def test_cli_reports_a_missing_store_and_a_bad_port(tmp_path):
