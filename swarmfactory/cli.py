@@ -1,4 +1,4 @@
-"""The one command line: problems, eval, run, show, report, cases, verify, lessons, engine.
+"""The one command line: problems, eval, run, show, report, dashboard, cases, verify, lessons, engine.
 
 Start-up stays light: only typer and rich load here; torch, numpy, the harness and the engine
 load inside the commands that use them (``engine`` itself is imported only when invoked).
@@ -384,6 +384,31 @@ def report_cmd(
 
     path = write_report(_open_store(store, create=False), run_id, output)
     out.print(f"wrote {path}", markup=False)
+
+
+@app.command("dashboard")
+def dashboard_cmd(
+    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="address to listen on (anything but loopback is reachable by others)"),
+    port: int = typer.Option(8050, "--port", metavar="N", help="TCP port (0: any free one)"),
+    debug: bool = _debug_option(),
+):
+    """Serve a live, read-only dashboard of the store: runs, champions, verdicts, agents, lineage,
+    cases, lessons, engine tuning. Ctrl-C stops it."""
+    if not 0 <= port <= 65535:
+        fail(f"--port {port} is not a TCP port (0-65535)")
+    from swarmfactory.dashboard import serve
+
+    st = _open_store(store, create=False)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: listening on {host}: anyone who can reach it can read this store (no login)",
+                  markup=False, highlight=False)
+    try:
+        serve(st, host, port, on_ready=lambda url: out.print(f"dashboard on {url} (Ctrl-C stops it)", markup=False,
+                                                             highlight=False, soft_wrap=True))
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}: choose another --port or --host")
 
 
 @app.command("cases")

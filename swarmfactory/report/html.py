@@ -1,12 +1,13 @@
-"""One self-contained HTML report per run: inline CSS and SVG, no network needed to view it."""
+"""One self-contained HTML report per run: inline CSS and SVG, no network needed to view it.
+The charts come from ``report/charts.py``, which the live dashboard draws with too."""
 
 from __future__ import annotations
 
 import html
-import math
 from pathlib import Path
 
 from swarmfactory.evidence.store import Store
+from swarmfactory.report.charts import curve_svg, stacked_bars_svg
 from swarmfactory.swarm.summary import summarize
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -21,89 +22,6 @@ def _e(x) -> str:
 
 def _f(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
-
-
-def _nice_step(span: float, target: int) -> float:
-    """A 1/2/2.5/5 x 10^k step that cuts ``span`` into about ``target`` intervals."""
-    raw = max(span, 1e-9) / target
-    mag = 10 ** math.floor(math.log10(raw))
-    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-
-
-def curve_svg(points: list, start: float | None = None, final: dict | None = None,
-              width: int = 680, height: int = 280) -> str:
-    """Best speedup so far against evaluation number (1..n), as an inline SVG step line.
-
-    The line starts at evaluation 1 from ``start`` (the champion the run started from) or from
-    the baseline (1x) and rises at each faster candidate, as measured during the search.
-    ``final`` (``speedup``, ``ci_low``, ``ci_high``, ``label``) marks the champion's announced
-    figure after the last evaluation, with its CI, so a re-measured figure is told apart."""
-    n = len(points)
-    if n == 0:
-        return '<p class="muted">no evaluations in this run</p>'
-    level = start if start else 1.0
-    steps = []  # (evaluation, best so far)
-    for i, s in points:
-        level = max(level, s) if s is not None else level
-        steps.append((i, level))
-    tops = [v for _, v in steps] + [1.0]
-    if final and final.get("speedup") is not None:
-        tops += [final["speedup"], final.get("ci_high") or final["speedup"]]
-    ystep = _nice_step(max(tops), 5)
-    ytop = ystep * math.ceil(max(tops) * 1.04 / ystep)
-    left, right, top, bottom = 60, 178 if final else 24, 14, 46
-    pw, ph = width - left - right, height - top - bottom
-    xmax = max(n, 2)
-
-    def X(i: float) -> float:
-        return left + pw * (i - 1) / (xmax - 1)
-
-    def Y(v: float) -> float:
-        return top + ph * (1 - v / ytop)
-
-    el = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-          f'style="max-width:100%;height:auto" xmlns="http://www.w3.org/2000/svg" font-size="13" '
-          f'font-family="system-ui,sans-serif">']
-    k = 0
-    while k * ystep <= ytop + 1e-9:  # y grid, ticks and values
-        v = k * ystep
-        el.append(f'<line x1="{left}" y1="{Y(v):.1f}" x2="{left + pw}" y2="{Y(v):.1f}" stroke="#e4e4e4"/>'
-                  f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:g}x</text>')
-        k += 1
-    xstep = next(m * 10 ** e for e in range(12) for m in (1, 2, 5) if m * 10 ** e >= (n - 1) / 6)
-    xticks = [1] + [t for t in range(xstep, n + 1, xstep) if t - 1 >= xstep / 2]
-    if n - xticks[-1] >= xstep / 2:
-        xticks.append(n)  # the last evaluation, unless a tick already stands near it
-    for t in xticks:  # x ticks
-        el.append(f'<line x1="{X(t):.1f}" y1="{top + ph}" x2="{X(t):.1f}" y2="{top + ph + 5}" stroke="#444"/>'
-                  f'<text x="{X(t):.1f}" y="{top + ph + 20}" text-anchor="middle">{t}</text>')
-    el.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#444"/>'
-              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#444"/>')
-    el.append(f'<line x1="{left}" y1="{Y(1):.1f}" x2="{left + pw}" y2="{Y(1):.1f}" stroke="#888" '
-              f'stroke-dasharray="5 4"/><text x="{left + pw - 4}" y="{Y(1) + 16:.1f}" text-anchor="end" '
-              f'fill="#666">baseline</text>')
-    path, prev = [], None
-    for i, v in steps:
-        if prev is None:
-            path.append(f"M{X(i):.1f},{Y(v):.1f}")
-        else:
-            path.append(f"L{X(i):.1f},{Y(prev):.1f}L{X(i):.1f},{Y(v):.1f}")
-        prev = v
-    if n == 1:
-        path.append(f"L{X(2):.1f},{Y(prev):.1f}")
-    el.append(f'<path d="{"".join(path)}" fill="none" stroke="#1f6feb" stroke-width="2.5"/>')
-    if final and final.get("speedup") is not None:
-        x, lo, hi = left + pw + 14, final.get("ci_low"), final.get("ci_high")
-        if lo is not None and hi is not None:
-            el.append(f'<line x1="{x}" y1="{Y(lo):.1f}" x2="{x}" y2="{Y(hi):.1f}" stroke="#d1242f" stroke-width="2"/>')
-        el.append(f'<circle cx="{x}" cy="{Y(final["speedup"]):.1f}" r="4.5" fill="#d1242f"/>'
-                  f'<text x="{x + 9}" y="{Y(final["speedup"]) - 3:.1f}" fill="#d1242f">{final["speedup"]:.2f}x</text>'
-                  f'<text x="{x + 9}" y="{Y(final["speedup"]) + 13:.1f}" fill="#d1242f" font-size="12">'
-                  f'{_e(final.get("label", "champion"))}</text>')
-    el.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" text-anchor="middle">evaluation (this run)</text>'
-              f'<text transform="translate(16,{top + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
-              f'best speedup so far</text></svg>')
-    return "".join(el)
 
 
 def _shape(shape) -> str:
@@ -165,6 +83,9 @@ def render(store: Store, run_id: str | None = None) -> str:
         for r in s["llm"]:
             parts.append("<tr>" + "".join(f"<td>{_e(r.get(c, 0))}</td>" for c in cols) + "</tr>")
         parts.append("</table>")
+    if any(p["outcomes"] for p in s["problems"]):
+        parts.append("<h2>Verdicts</h2>")
+        parts.append(stacked_bars_svg([(p["problem"], p["outcomes"]) for p in s["problems"]]))
     for p in s["problems"]:
         parts.append(f"<h2>{_e(p['problem'])}</h2>")
         parts.append(f"<p>{p['evaluations']} evaluations; outcomes: "
