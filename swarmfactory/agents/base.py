@@ -138,6 +138,12 @@ class Agent(ABC):
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
         """Up to ``n`` proposals for ``board.problem``."""
 
+    def leads(self, board: Board) -> bool:
+        """True when this agent should be asked before the bandit's order on this board (it knows
+        something the others do not yet: the model-guided agent with transferred evidence on a
+        problem that has little of its own). False by default."""
+        return False
+
     def bind(self, store, run_id: str) -> None:
         """The run's evidence store and id, before the first ``propose`` (no-op by default)."""
 

@@ -19,9 +19,17 @@ class ModelGuidedAgent(Agent):
     name = "model-guided"
 
     def __init__(self, min_points: int = 6, models: int = 3, explore: float = 0.5, epsilon: float = 0.1,
-                 min_transfer: int = 24):
+                 min_transfer: int = 24, lead_for: int = 8):
         self.min_points, self.models, self.explore, self.epsilon = min_points, models, explore, epsilon
-        self.min_transfer = min_transfer
+        self.min_transfer, self.lead_for = min_transfer, lead_for
+
+    def leads(self, board: Board) -> bool:
+        """With transferred evidence and fewer than ``lead_for`` measured configurations of its own,
+        the model is the best guess the swarm has: it proposes first."""
+        if len(board.transfer) < self.min_transfer:
+            return False
+        own = sum(1 for e in board.entries if e.knobs is not None and e.speedup is not None)
+        return own < self.lead_for
 
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
         from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets

@@ -290,7 +290,9 @@ class Coordinator:
             board = Board(st.problem, st.entries + list(st.pending.values()), st.champion, st.knowledge.lines,
                           self.rng, budget_left, priors=st.knowledge.priors, transfer=st.knowledge.rows,
                           hardware=self.store.hardware)
-            for agent_name in self.bandit.order():
+            order = self.bandit.order()
+            order = [a for a in order if self.agents[a].leads(board)] + [a for a in order if not self.agents[a].leads(board)]
+            for agent_name in order:
                 try:
                     props = self.agents[agent_name].propose(board, PROPOSALS_PER_ASK)
                 except Exception:  # an agent's bug costs it its turn, not the run
