@@ -7,6 +7,8 @@ or PostgreSQL (``postgresql://...``). Each ``record_*`` commits its own transact
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -102,6 +104,7 @@ class Store:
         if self.url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.lock = threading.Lock()
+        self._snap = threading.local()  # the connection of a ``consistent()`` block, per thread
         self.hardware = cpu_fingerprint()
         self.created = self._init_schema(create)
 
@@ -138,11 +141,44 @@ class Store:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(self.engine.url.database + suffix).unlink(missing_ok=True)
 
+    def on_hardware(self, hardware: dict) -> "Store":
+        """This store as seen from another machine: the same database, connections and lock, but
+        every per-hardware key (evaluations recorded, champions, baselines, lessons) is
+        ``hardware``'s. A coordinator whose executor measures on a cluster's nodes reads and
+        writes through the view of the nodes' hardware."""
+        view = copy.copy(self)
+        view.hardware = dict(hardware)
+        return view
+
+    @contextlib.contextmanager
+    def consistent(self):
+        """Reads inside this block (this thread) see one snapshot of the store, however many
+        queries they take, while runs keep writing: one REPEATABLE READ transaction on
+        PostgreSQL, one read transaction on SQLite (WAL keeps its snapshot)."""
+        if getattr(self._snap, "conn", None) is not None:
+            yield self
+            return
+        with self.engine.connect() as c:
+            if c.dialect.name == "sqlite":
+                c.exec_driver_sql("BEGIN")  # pysqlite starts none before a read
+            else:
+                c = c.execution_options(isolation_level="REPEATABLE READ")
+                c.begin()
+            self._snap.conn = c
+            try:
+                yield self
+            finally:
+                self._snap.conn = None
+                c.rollback()
+
     def _exec(self, stmt):
         with self.lock, self.engine.begin() as c:
             return c.execute(stmt)
 
     def _rows(self, stmt) -> list[dict]:
+        snap = getattr(self._snap, "conn", None)
+        if snap is not None:
+            return [dict(r._mapping) for r in snap.execute(stmt)]
         with self.engine.connect() as c:
             return [dict(r._mapping) for r in c.execute(stmt)]
 
