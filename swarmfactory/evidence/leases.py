@@ -9,7 +9,8 @@ claim of the key finds the verdict or the done lease and never evaluates it agai
 
 A lease lives ``ttl_s`` seconds on the database's clock; a heartbeat thread renews the leases its
 coordinator holds. A coordinator killed with ``kill -9`` stops renewing: its leases expire, and
-``orphans`` lists them for another coordinator (or the resumed run) to take over. Works on SQLite
+``orphans`` lists them for another coordinator to take over; the resumed run of the dead
+coordinator takes its own run's leases over at once. Works on SQLite
 (one machine, several processes) and PostgreSQL (many machines).
 """
 
@@ -20,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, select, text, update
+from sqlalchemy import and_, delete, or_, select, text, update
 
 from swarmfactory.evidence import schema as S
 
@@ -39,7 +40,7 @@ class Leases:
 
     def __init__(self, store, run_id: str, ttl_s: float = 120.0):
         self.store, self.ttl_s = store, float(ttl_s)
-        self.owner = f"{run_id}:{secrets.token_hex(4)}"
+        self.run_id, self.owner = run_id, f"{run_id}:{secrets.token_hex(4)}"
         self.hardware_id = store.hardware["id"]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,7 +64,7 @@ class Leases:
             if c.execute(ins.on_conflict_do_nothing().returning(L.c.attempts)).first() is not None:
                 attempts = 1
             else:
-                took = c.execute(update(L).where(key, L.c.state == "held", L.c.expires_at < now).values(
+                took = c.execute(update(L).where(key, L.c.state == "held", self._lapsed(now)).values(
                     owner=self.owner, expires_at=now + self.ttl_s, attempts=L.c.attempts + 1)
                     .returning(L.c.attempts)).first()
                 if took is None:
@@ -82,6 +83,12 @@ class Leases:
                 return Claim(DONE, attempts)
             return Claim(CLAIMED, attempts)
 
+    def _lapsed(self, now: float):
+        """Leases free to take over: expired, or held by an earlier coordinator of this same run
+        (a resumed run: the coordinator that held them is gone)."""
+        return or_(L.c.expires_at < now, and_(L.c.owner.startswith(f"{self.run_id}:", autoescape=True),
+                                              L.c.owner != self.owner))
+
     def release(self, problem, candidate_id: str, vversion: str) -> None:
         """The verdict is recorded: the key is done for every coordinator."""
         self._set(problem, candidate_id, vversion, done=True)
@@ -96,13 +103,13 @@ class Leases:
         self.store._exec(stmt)
 
     def orphans(self, problem, vversion: str) -> list[str]:
-        """Candidates of ``problem`` whose leases on this hardware expired before their verdict
-        was recorded (their coordinator died): oldest first."""
+        """Candidates of ``problem`` whose leases on this hardware lapsed before their verdict was
+        recorded (their coordinator died; see ``_lapsed``): oldest first."""
         with self.store.engine.connect() as c:
             now = db_now(c)
             rows = c.execute(select(L.c.candidate_id).where(
                 L.c.problem_spec == problem.spec_hash(), L.c.validation_version == vversion,
-                L.c.hardware_id == self.hardware_id, L.c.state == "held", L.c.expires_at < now)
+                L.c.hardware_id == self.hardware_id, L.c.state == "held", self._lapsed(now))
                 .order_by(L.c.expires_at)).all()
         return [r[0] for r in rows]
 

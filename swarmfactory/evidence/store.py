@@ -117,12 +117,18 @@ class Store:
             if not exists and not create:
                 raise StoreError(f"{self.url} is not a swarmfactory evidence store (no {S.meta.name} table)")
             if not exists:
-                S.metadata.create_all(self.engine)
+                _create_schema(self.engine)
             with self.engine.begin() as c:
                 row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
-                if row is None:
-                    c.execute(insert(S.meta).values(key="schema_version", value=str(S.SCHEMA_VERSION)))
-                elif int(row[0]) != S.SCHEMA_VERSION:
+            if row is None:
+                try:
+                    with self.engine.begin() as c:
+                        c.execute(insert(S.meta).values(key="schema_version", value=str(S.SCHEMA_VERSION)))
+                except Exception:  # another process made the same new store at this moment
+                    with self.engine.begin() as c:
+                        row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
+            if row is not None:
+                if int(row[0]) != S.SCHEMA_VERSION:
                     raise StoreError(f"store {self.url} has schema v{row[0]}, this swarmfactory "
                                      f"reads v{S.SCHEMA_VERSION}; use a new --store")
             return not exists
@@ -370,6 +376,18 @@ class Store:
                     e.c.purpose, e.c.outcome, e.c.speedup, e.c.shapes, e.c.run_id, c.c.knobs, c.c.agent)
              .join(c, c.c.id == e.c.candidate_id).where(e.c.problem == problem).order_by(e.c.id))
         return self._rows(q)
+
+def _create_schema(engine: Engine) -> None:
+    """Create the tables; two coordinators starting on one new PostgreSQL store race here (the
+    loser's CREATE fails once the winner's commits): then every table is there, check and go on."""
+    for attempt in range(3):
+        try:
+            S.metadata.create_all(engine)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
 
 def _without_history(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "history"}

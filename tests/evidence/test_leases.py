@@ -1,13 +1,10 @@
 """Leases, snapshots and per-hardware champions over every store backend (SQLite always;
 PostgreSQL when SWARMFACTORY_PG_URL points at a real server, as CI provides)."""
 
-import os
 import threading
 import time
-import uuid
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from swarmfactory.api import candidate_record, record
 from swarmfactory.evidence.leases import CLAIMED, DONE, TAKEN, Leases
@@ -15,32 +12,12 @@ from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
 
-PG = os.environ.get("SWARMFACTORY_PG_URL")
-
-
-def _pg_database():
-    """A fresh PostgreSQL database; yields its URL and drops it afterwards."""
-    name = "sf_" + uuid.uuid4().hex[:10]
-    admin = create_engine(PG.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield PG.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
-            c.execute(text(f"DROP DATABASE {name}"))
-        admin.dispose()
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request, tmp_path):
     if request.param == "sqlite":
-        yield str(tmp_path / "e.db")
-        return
-    if not PG:
-        pytest.skip("SWARMFACTORY_PG_URL not set (CI starts a PostgreSQL server)")
-    yield from _pg_database()
+        return str(tmp_path / "e.db")
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture
@@ -72,10 +49,10 @@ def test_a_claimed_candidate_is_taken_for_others_and_done_after_release(two_stor
 
 def test_an_expired_lease_is_an_orphan_taken_over_once(two_stores):
     a, b = two_stores
-    dead, la, lb = Leases(a, "dead", ttl_s=0.5), Leases(a, "runa", ttl_s=60), Leases(b, "runb", ttl_s=60)
+    dead, la, lb = Leases(a, "dead", ttl_s=0.3), Leases(a, "runa", ttl_s=60), Leases(b, "runb", ttl_s=60)
     assert dead.claim(P, "c1", "v1").status == CLAIMED
     assert la.orphans(P, "v1") == []
-    time.sleep(1.2)
+    time.sleep(0.6)
     assert la.orphans(P, "v1") == ["c1"] and lb.orphans(P, "v1") == ["c1"]
     results = {}
     barrier = threading.Barrier(2)
@@ -97,15 +74,15 @@ def test_an_expired_lease_is_an_orphan_taken_over_once(two_stores):
 
 def test_the_heartbeat_keeps_a_lease_alive_past_its_ttl(two_stores):
     a, b = two_stores
-    la, lb = Leases(a, "runa", ttl_s=0.8), Leases(b, "runb", ttl_s=60)
+    la, lb = Leases(a, "runa", ttl_s=0.4), Leases(b, "runb", ttl_s=60)
     assert la.claim(P, "c1", "v1").status == CLAIMED
     la.start()
     try:
-        time.sleep(2.0)
+        time.sleep(1.0)
         assert lb.orphans(P, "v1") == [] and lb.claim(P, "c1", "v1").status == TAKEN
     finally:
         la.stop()
-    time.sleep(1.0)
+    time.sleep(0.6)
     assert lb.claim(P, "c1", "v1").status == CLAIMED
 
 
@@ -143,3 +120,12 @@ def test_champions_are_per_hardware(store_url):
     assert store.champion(P) is None  # this machine has none
     assert {e["hardware_id"] for e in zen3.evaluations(this_hardware=True)} == {"zen3aaaaaaaa"}
     assert store.evaluation(e3)["hardware"]["model"] == "AMD Zen 3"
+
+
+def test_a_resumed_run_takes_over_its_own_leases_at_once(two_stores):
+    a, b = two_stores
+    killed, resumed, other = Leases(a, "run1", ttl_s=60), Leases(b, "run1", ttl_s=60), Leases(b, "run2", ttl_s=60)
+    assert killed.claim(P, "c1", "v1").status == CLAIMED
+    assert other.orphans(P, "v1") == [] and other.claim(P, "c1", "v1").status == TAKEN
+    assert resumed.orphans(P, "v1") == ["c1"]
+    assert resumed.claim(P, "c1", "v1").status == CLAIMED
