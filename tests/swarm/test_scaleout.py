@@ -153,7 +153,6 @@ def test_two_coordinators_on_one_postgresql_store_never_evaluate_a_candidate_twi
     store.engine.dispose()
 
 
-@pytest.mark.slow  # ~40 s; the expiry and takeover themselves are tested fast in tests/evidence/test_leases.py
 def test_a_coordinator_killed_with_9_leaves_leases_that_another_run_takes_over(pg_url, tmp_path):
     url = pg_url
     victim = _run(url, tmp_path, "--budget", "6", "--lease", "3")
