@@ -67,7 +67,7 @@ def bench_executors(args, console) -> list[dict]:
 
 # -- 2. the store's record path -------------------------------------------------------------------
 def _writer(url: str, n: int, tag: str, start, out, path: str = "coordinator") -> None:
-    from swarmfactory.api import candidate_record, record
+    from swarmfactory.api import candidate_record
     from swarmfactory.evidence.leases import CLAIMED, Leases
     from swarmfactory.evidence.store import Store
     from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
@@ -84,10 +84,16 @@ def _writer(url: str, n: int, tag: str, start, out, path: str = "coordinator") -
               for c in (576, 1536, 49152)]
     verdict = Verdict(Outcome.FASTER, "3.16x", "measure", speedup=3.16, shapes=shapes)
     cands = [candidate_record(p, f"{source}\n/* {tag} {i} */\n", "bench", "loop", run_id=run_id) for i in range(n)]
-    record(store, p, cands[0], Verdict(Outcome.WRONG, "warm-up", "verify"), run_id, "warm")  # connect, caches
+
+    def record(cand, verdict, vversion):  # the problem, candidate and evaluation rows, as a coordinator writes them
+        store.record_problem(p)
+        store.record_candidate(cand)
+        store.record_evaluation(cand["id"], p, verdict, run_id, vversion, tools)
+
+    tools = tool_versions()
+    record(cands[0], Verdict(Outcome.WRONG, "warm-up", "verify"), "warm")  # connect, caches
     start.wait()
     t0 = time.perf_counter()
-    tools = tool_versions()
     for cand in cands:
         if path == "insert":  # the floor: one INSERT transaction per verdict, nothing else
             store.record_evaluation(cand["id"], p, verdict, run_id, "v1", tools)
@@ -96,7 +102,7 @@ def _writer(url: str, n: int, tag: str, start, out, path: str = "coordinator") -
         v = Verdict(Outcome.FASTER, "3.16x the baseline [3.0, 3.3]", "measure", speedup=3.16, ci_low=3.0,
                     ci_high=3.3, vs_reference=3.9, baseline="torch (eager)", shapes=shapes, cases_checked=40,
                     seconds=12.5, evidence={"timing": {"rows=64,cols=576": {"mode": "async", "sets": 2}}})
-        record(store, p, cand, v, run_id, "v1")
+        record(cand, v, "v1")
         leases.release(p, cand["id"], "v1")
     out.put(time.perf_counter() - t0)
     store.engine.dispose()

@@ -6,11 +6,19 @@ import time
 
 import pytest
 
-from swarmfactory.api import candidate_record, record
+from swarmfactory.api import candidate_record
 from swarmfactory.evidence.leases import CLAIMED, DONE, TAKEN, Leases
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
+from swarmfactory.tools import tool_versions
+
+
+def record(store, problem, cand, verdict, run_id, vversion):
+    """The problem, candidate and evaluation rows of one verdict, as a coordinator records them."""
+    store.record_problem(problem)
+    store.record_candidate(cand)
+    return store.record_evaluation(cand["id"], problem, verdict, run_id, vversion, tool_versions())
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from swarmfactory.api import candidate_record, record
+from swarmfactory.api import candidate_record
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence import schema as S
 from swarmfactory.evidence.store import Store
@@ -21,6 +21,15 @@ from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
 from swarmfactory.swarm.coordinator import Coordinator, RunError
 from swarmfactory.swarm.summary import summarize
+from swarmfactory.tools import tool_versions
+
+
+def record(store, problem, cand, verdict, run_id, vversion):
+    """The problem, candidate and evaluation rows of one verdict, as a coordinator records them."""
+    store.record_problem(problem)
+    store.record_candidate(cand)
+    return store.record_evaluation(cand["id"], problem, verdict, run_id, vversion, tool_versions())
+
 
 FAST = dict(rounds=3, compile_baselines=False, parallel=2, remeasure_champions=False)
 CLI = [sys.executable, "-m", "swarmfactory.cli"]
