@@ -38,7 +38,8 @@ READ_STORE_HELP = STORE_HELP + "; must already exist" + _dflt(STORE_DEFAULT)
 WRITE_STORE_HELP = STORE_HELP + "; created if missing (not its folder)" + _dflt(STORE_DEFAULT)
 # RunConfig's defaults, shown in --help without importing pydantic (a test keeps them equal).
 RUN_DEFAULTS = {"agents": "default", "parallel": 2, "rounds": 20, "seed": 0, "llm_cost_cap": 5.0,
-                "llm_concurrency": 1, "llm_timeout_s": 180.0, "llm_max_tokens": 1500}
+                "llm_concurrency": 1, "llm_timeout_s": 180.0, "llm_max_tokens": 1500, "executor": "local",
+                "lease_s": 120.0}
 
 
 def _d(key: str) -> str:
@@ -277,6 +278,18 @@ def run_cmd(
                                                 help="seconds per request" + _d("llm_timeout_s")),
     llm_max_tokens: Optional[int] = typer.Option(None, "--llm-max-tokens", metavar="N",
                                                  help="completion tokens per request" + _d("llm_max_tokens")),
+    executor: Optional[str] = typer.Option(None, "--executor", metavar="local|ray",
+                                           help="where evaluations run: this machine's processes, or a Ray "
+                                                "cluster (one measurement per node at a time)" + _d("executor")),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDRESS",
+                                              help="Ray cluster to join: auto or HOST:PORT"
+                                                   + _dflt("a local Ray cluster on this machine")),
+    ray_hardware: Optional[str] = typer.Option(None, "--ray-hardware", metavar="ID",
+                                               help="measure on the Ray nodes of this hardware id"
+                                                    + _dflt("the class of most nodes")),
+    lease: Optional[float] = typer.Option(None, "--lease", metavar="SECONDS",
+                                          help="life of an evaluation's lease in the store (renewed while "
+                                               "it runs; a dead run's leases expire after it)" + _d("lease_s")),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     debug: bool = _debug_option(),
@@ -292,7 +305,8 @@ def run_cmd(
                      "compile_baselines": compile_baselines, "seed": seed, "llm": llm or None,
                      "llm_model": llm_model, "llm_cost_cap": llm_cost_cap,
                      "llm_concurrency": llm_concurrency, "llm_timeout_s": llm_timeout,
-                     "llm_max_tokens": llm_max_tokens}
+                     "llm_max_tokens": llm_max_tokens, "executor": executor or ("ray" if ray_address else None), "ray_address": ray_address,
+                     "ray_hardware": ray_hardware, "lease_s": lease}
         if config:
             cfg = RunConfig.from_yaml(config, **overrides)
         else:
@@ -346,7 +360,9 @@ def show_cmd(
     """Champions, speedups with CI, outcome counts and the agent scoreboard of a run."""
     from swarmfactory.swarm.summary import summarize
 
-    summary = summarize(_open_store(store, create=False), run_id)
+    st = _open_store(store, create=False)
+    with st.consistent():  # one snapshot while runs write
+        summary = summarize(st, run_id)
     if as_json:
         print(json.dumps(summary, default=str))
         return
@@ -382,7 +398,9 @@ def report_cmd(
         fail(f"--output folder {output.parent} does not exist: create it or choose another path")
     from swarmfactory.report.html import write_report
 
-    path = write_report(_open_store(store, create=False), run_id, output)
+    st = _open_store(store, create=False)
+    with st.consistent():  # one snapshot while runs write
+        path = write_report(st, run_id, output)
     out.print(f"wrote {path}", markup=False)
 
 

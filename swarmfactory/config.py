@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -50,6 +51,12 @@ class RunConfig(BaseModel):
     llm_concurrency: int = Field(1, ge=1, le=64)
     llm_timeout_s: float = Field(180.0, gt=0)
     llm_max_tokens: int = Field(1500, ge=16, description="completion tokens per request")
+    executor: Literal["local", "ray"] = Field("local", description="where evaluations run")
+    ray_address: str | None = Field(None, description="Ray cluster address (auto, HOST:PORT); "
+                                                       "none: a local Ray cluster on this machine")
+    ray_hardware: str | None = Field(None, description="hardware id of the Ray nodes to measure on "
+                                                        "(default: the class of most nodes)")
+    lease_s: float = Field(120.0, gt=0, description="seconds an evaluation's lease lives unless renewed")
 
     @field_validator("problems", "agents", "llm", mode="before")
     @classmethod

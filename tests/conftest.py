@@ -27,3 +27,27 @@ def store(tmp_path):
     from swarmfactory.evidence.store import Store
 
     return Store(str(tmp_path / "evidence.db"))
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh database on the PostgreSQL server of SWARMFACTORY_PG_URL (CI starts one), dropped
+    afterwards; skips where none is set."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    server = os.environ.get("SWARMFACTORY_PG_URL")
+    if not server:
+        pytest.skip("SWARMFACTORY_PG_URL not set (CI starts a PostgreSQL server)")
+    name = "sf_" + uuid.uuid4().hex[:10]
+    admin = create_engine(server.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield server.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+            c.execute(text(f"DROP DATABASE {name}"))
+        admin.dispose()

@@ -168,3 +168,23 @@ llm_calls = Table(
     Column("parent", String(64)),
     _created(),
 )
+
+# Evaluation leases (swarmfactory/evidence/leases.py): several coordinators on one store claim a
+# (candidate, problem spec, validation version, hardware) before evaluating it. Added without a
+# schema bump: no existing row changes meaning, and a store opened without the table gets it
+# (created on first use). ``expires_at`` is seconds since the epoch on the database's clock, so
+# coordinators on machines with skewed clocks agree on when a lease has expired.
+leases = Table(
+    "leases", metadata,
+    Column("candidate_id", String(64), nullable=False),
+    Column("problem_spec", String(32), nullable=False),
+    Column("validation_version", String(32), nullable=False),
+    Column("hardware_id", String(32), nullable=False),
+    Column("problem", String(128), nullable=False, index=True),
+    Column("owner", String(64), nullable=False),           # run id : coordinator token
+    Column("state", String(8), nullable=False),            # held | done
+    Column("expires_at", Float, nullable=False),
+    Column("attempts", Integer, nullable=False),           # claims so far (a takeover adds one)
+    _created(),
+    UniqueConstraint("candidate_id", "problem_spec", "validation_version", "hardware_id"),
+)

@@ -7,6 +7,8 @@ or PostgreSQL (``postgresql://...``). Each ``record_*`` commits its own transact
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -102,6 +104,7 @@ class Store:
         if self.url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.lock = threading.Lock()
+        self._snap = threading.local()  # the connection of a ``consistent()`` block, per thread
         self.hardware = cpu_fingerprint()
         self.created = self._init_schema(create)
 
@@ -114,12 +117,18 @@ class Store:
             if not exists and not create:
                 raise StoreError(f"{self.url} is not a swarmfactory evidence store (no {S.meta.name} table)")
             if not exists:
-                S.metadata.create_all(self.engine)
+                _create_schema(self.engine)
             with self.engine.begin() as c:
                 row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
-                if row is None:
-                    c.execute(insert(S.meta).values(key="schema_version", value=str(S.SCHEMA_VERSION)))
-                elif int(row[0]) != S.SCHEMA_VERSION:
+            if row is None:
+                try:
+                    with self.engine.begin() as c:
+                        c.execute(insert(S.meta).values(key="schema_version", value=str(S.SCHEMA_VERSION)))
+                except Exception:  # another process made the same new store at this moment
+                    with self.engine.begin() as c:
+                        row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
+            if row is not None:
+                if int(row[0]) != S.SCHEMA_VERSION:
                     raise StoreError(f"store {self.url} has schema v{row[0]}, this swarmfactory "
                                      f"reads v{S.SCHEMA_VERSION}; use a new --store")
             return not exists
@@ -138,11 +147,44 @@ class Store:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(self.engine.url.database + suffix).unlink(missing_ok=True)
 
+    def on_hardware(self, hardware: dict) -> "Store":
+        """This store as seen from another machine: the same database, connections and lock, but
+        every per-hardware key (evaluations recorded, champions, baselines, lessons) is
+        ``hardware``'s. A coordinator whose executor measures on a cluster's nodes reads and
+        writes through the view of the nodes' hardware."""
+        view = copy.copy(self)
+        view.hardware = dict(hardware)
+        return view
+
+    @contextlib.contextmanager
+    def consistent(self):
+        """Reads inside this block (this thread) see one snapshot of the store, however many
+        queries they take, while runs keep writing: one REPEATABLE READ transaction on
+        PostgreSQL, one read transaction on SQLite (WAL keeps its snapshot)."""
+        if getattr(self._snap, "conn", None) is not None:
+            yield self
+            return
+        with self.engine.connect() as c:
+            if c.dialect.name == "sqlite":
+                c.exec_driver_sql("BEGIN")  # pysqlite starts none before a read
+            else:
+                c = c.execution_options(isolation_level="REPEATABLE READ")
+                c.begin()
+            self._snap.conn = c
+            try:
+                yield self
+            finally:
+                self._snap.conn = None
+                c.rollback()
+
     def _exec(self, stmt):
         with self.lock, self.engine.begin() as c:
             return c.execute(stmt)
 
     def _rows(self, stmt) -> list[dict]:
+        snap = getattr(self._snap, "conn", None)
+        if snap is not None:
+            return [dict(r._mapping) for r in snap.execute(stmt)]
         with self.engine.connect() as c:
             return [dict(r._mapping) for r in c.execute(stmt)]
 
@@ -346,6 +388,18 @@ class Store:
                     e.c.purpose, e.c.outcome, e.c.speedup, e.c.shapes, e.c.run_id, c.c.knobs, c.c.agent)
              .join(c, c.c.id == e.c.candidate_id).where(e.c.problem == problem).order_by(e.c.id))
         return self._rows(q)
+
+def _create_schema(engine: Engine) -> None:
+    """Create the tables; two coordinators starting on one new PostgreSQL store race here (the
+    loser's CREATE fails once the winner's commits): then every table is there, check and go on."""
+    for attempt in range(3):
+        try:
+            S.metadata.create_all(engine)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
 
 def _without_history(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "history"}

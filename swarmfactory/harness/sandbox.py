@@ -66,8 +66,19 @@ def worker_env(tmpdir: str) -> dict[str, str]:
 atexit.register(lambda: kill_all())  # a frozen worker must not outlive the process that froze it
 
 
+# Set by a process whose workers are all started from its main thread (a Ray worker): workers
+# then die with it even when frozen (SIGSTOP) at the time, instead of staying stopped for ever.
+# Off elsewhere: the signal follows the *thread* that started the worker, not the process.
+DIE_WITH_PARENT = False
+PR_SET_PDEATHSIG = 1
+
+
 def _limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool, fsize: int):
+    die_with_parent = DIE_WITH_PARENT
+
     def apply():
+        if die_with_parent:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))

@@ -7,6 +7,11 @@ reward the agent. A ``kill -9`` loses only the evaluations in flight; ``resume``
 run with the budget it had left. At the end each champion is re-measured before it is announced.
 The analyst turns the evidence into lessons at the start, every ``ANALYST_EVERY`` evaluations of
 a problem and at the end; the boards carry the lessons that apply (prompt lines, knob priors).
+
+Several coordinators may share one store: each claims a lease on a candidate before submitting
+it (evidence/leases.py) and releases it once the verdict is recorded, so none evaluates a
+candidate another holds or has done; leases of a coordinator that died expire and are taken over.
+Everything per hardware (dedupe, champions) is keyed by the hardware the executor measures on.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from swarmfactory.adversary import Adversary
 from swarmfactory.agents import make_agents
 from swarmfactory.agents.base import Board, Entry, Proposal, knob_key
 from swarmfactory.config import RunConfig
+from swarmfactory.evidence.leases import CLAIMED, Leases
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
@@ -33,7 +39,7 @@ from swarmfactory.knowledge.priors import Knowledge, knowledge_for
 from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
-from swarmfactory.swarm.executors import Executor, LocalExecutor
+from swarmfactory.swarm.executors import Executor, ExecutorError, make_executor
 from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
 from swarmfactory.validation import validation_set
 
@@ -43,6 +49,7 @@ ADVERSARY_TARGETS = 3    # retained candidates the adversary aims at: the champi
 MAX_IDLE_TURNS = 50      # consecutive turns in which no agent had anything new: the run is done
 PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
 ANALYST_EVERY = 10       # evaluations of a problem between analyst passes (also at the start and the end)
+ORPHANS_EVERY = 5.0      # seconds between looks for expired leases of dead coordinators to take over
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +115,16 @@ class Coordinator:
         self.harness = Harness(HarnessConfig(rounds=config.rounds, min_effect=config.min_effect,
                                              compile_baselines=config.compile_baselines,
                                              measure_cpus=measure, verify_cpus=verify), store=store)
-        self.executor = executor or LocalExecutor(self.harness, config.parallel)
+        try:
+            self.executor = executor or make_executor(config, self.harness, store.url)
+        except ExecutorError as exc:
+            raise RunError(str(exc)) from None
+        hw = self.executor.hardware
+        if hw is not None and hw["id"] != store.hardware["id"]:  # measured elsewhere: keyed by that hardware
+            self.store = store = store.on_hardware(hw)
+            self.harness.store = store
+        self.leases: Leases | None = None
+        self._orphans_at = 0.0
         self.counts: Counter = Counter()
         self.duplicates = 0
         self.analyst = Analyst(store)
@@ -178,6 +194,8 @@ class Coordinator:
         for agent in self.agents.values():
             agent.bind(self.store, self.run_id)
         states = self.states = self._load_state()
+        self.leases = Leases(self.store, self.run_id, cfg.lease_s)
+        self.leases.start()
         self._learn(states.values())  # lessons from earlier evidence, before the first proposal
         done = self._done_in_run()
         deadline = time.monotonic() + cfg.time_s - elapsed if cfg.time_s else None
@@ -189,7 +207,8 @@ class Coordinator:
             while True:
                 while (len(in_flight) < cfg.parallel and (cfg.budget is None or done + len(in_flight) < cfg.budget)
                        and (deadline is None or time.monotonic() < deadline)):
-                    job = self._next_job(states, turn, cfg.budget and cfg.budget - done - len(in_flight))
+                    job = (self._orphan_job(states)
+                           or self._next_job(states, turn, cfg.budget and cfg.budget - done - len(in_flight)))
                     turn += 1
                     if job is None:
                         idle_turns += 1
@@ -197,9 +216,14 @@ class Coordinator:
                     idle_turns = 0
                     st, prop, cid = job
                     st.seen.add(cid)
+                    claim = self.leases.claim(st.problem, cid, st.vversion)
+                    if claim.status != CLAIMED:  # another coordinator holds it or has done it
+                        self.duplicates += 1
+                        continue
+                    self.store.record_candidate(prop.record(st.problem, self.run_id))  # a taker-over finds its source
                     st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
                     fut = self.executor.submit(st.problem, prop.source, st.cases)
-                    in_flight[fut] = (st, prop, cid)
+                    in_flight[fut] = (st, prop, cid, st.vversion, claim.attempts)
                 waiting = any(a.busy() for a in self.agents.values())
                 if not in_flight and ((idle_turns > MAX_IDLE_TURNS and not waiting)
                                       or all(s.exhausted for s in states.values())
@@ -211,9 +235,12 @@ class Coordinator:
                     continue
                 finished, _ = wait(list(in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    st, prop, cid = in_flight.pop(fut)
+                    st, prop, cid, vversion, attempts = in_flight.pop(fut)
                     st.pending.pop(cid, None)
-                    if self._complete(st, prop, cid, self._result(fut)) or st.since_adversary >= ADVERSARY_EVERY:
+                    verdict = self._result(fut)
+                    if attempts > 1:
+                        verdict.evidence["lease"] = f"taken over after {attempts - 1} expired lease(s)"
+                    if self._complete(st, prop, cid, verdict, vversion) or st.since_adversary >= ADVERSARY_EVERY:
                         self._adversary_turn(st)
                     if st.since_analysis >= ANALYST_EVERY:
                         self._learn([st])
@@ -227,6 +254,8 @@ class Coordinator:
             self.executor.shutdown(wait=False)
             raise
         finally:
+            if self.leases is not None:  # what was not recorded is free for others at once
+                self.leases.stop(abandon_held=True)
             self.progress.stop()
             self._stop_llm_agents()
             os.sched_setaffinity(0, own_cpus)
@@ -281,6 +310,21 @@ class Coordinator:
         except Exception as exc:  # a harness bug must not end the run; record it as a crash
             return Verdict(Outcome.CRASHED, f"harness error: {type(exc).__name__}: {exc}", "harness")
 
+    def _orphan_job(self, states: dict[str, ProblemState]):
+        """A candidate whose lease expired before its verdict was recorded (its coordinator died):
+        evaluate it as its agent proposed it. Looked for every ``ORPHANS_EVERY`` seconds."""
+        if time.monotonic() < self._orphans_at:
+            return None
+        self._orphans_at = time.monotonic() + ORPHANS_EVERY
+        for st in states.values():
+            for cid in self.leases.orphans(st.problem, st.vversion):
+                cand = self.store.candidate(cid)
+                if cid in st.pending or cand is None:
+                    continue
+                return st, Proposal(cand["source"], cand["agent"], cand["operator"], cand["knobs"],
+                                    list(cand["parents"] or []), cand["generation"]), cid
+        return None
+
     def _next_job(self, states: dict[str, ProblemState], turn: int, budget_left):
         names = [p.name for p in self.problems]
         for i in range(len(names)):
@@ -319,11 +363,16 @@ class Coordinator:
         tried = {knob_key(e.knobs) for e in st.entries if e.knobs}
         return size == 0 or len(tried) >= size
 
-    def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict) -> bool:
-        """Record a verdict; returns True when it made a new champion."""
+    def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict,
+                  vversion: str | None = None) -> bool:
+        """Record a verdict (against the validation set it was verified on) and release its lease;
+        returns True when it made a new champion."""
         cand = prop.record(st.problem, self.run_id)
         assert cand["id"] == cid
-        eval_id = self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion)
+        vversion = vversion or st.vversion
+        eval_id = self.store.record_verdict(st.problem, cand, verdict, self.run_id, vversion)
+        if self.leases is not None:
+            self.leases.release(st.problem, cid, vversion)
         entry = Entry(cid, prop.knobs, verdict.outcome.value, verdict.speedup, prop.agent,
                       prop.generation, verdict.detail)
         st.entries.append(entry)

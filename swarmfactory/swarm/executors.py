@@ -2,7 +2,8 @@
 
 ``LocalExecutor`` runs ``parallel`` evaluations at once on this machine: builds and
 verifications side by side, measurements one at a time (the harness's measure lock). A Ray
-executor implements the same two methods, with one measurement slot per node as a Ray resource.
+executor implements the same two methods, with one measurement slot per node as a Ray resource
+(``swarm/ray_executor.py``). ``make_executor`` picks one by the run config's ``executor``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from swarmfactory.harness.outcome import Verdict
 from swarmfactory.problems.spec import Case, Problem
 
 
+class ExecutorError(RuntimeError):
+    """An executor that cannot start (Ray not installed, a cluster out of reach); one line."""
+
+
 class Executor(ABC):
+    #: The fingerprint of the hardware this executor measures on; None: this machine's.
+    hardware: dict | None = None
+
     @abstractmethod
     def submit(self, problem: Problem, source: str, cases: list[Case]) -> Future:
         """Evaluate ``source``; the future's result is a ``Verdict`` (never an exception for
@@ -47,3 +55,12 @@ class LocalExecutor(Executor):
             self.pool.shutdown(wait=False, cancel_futures=True)
             kill_all()
         self.pool.shutdown(wait=wait)
+
+
+def make_executor(config, harness: Harness, store_url: str | None = None) -> Executor:
+    """The executor a run config names: ``local`` (this machine) or ``ray``."""
+    if config.executor == "ray":
+        from swarmfactory.swarm.ray_executor import RayExecutor
+
+        return RayExecutor(harness.config, config.ray_address, store_url, config.parallel, config.ray_hardware)
+    return LocalExecutor(harness, config.parallel)

@@ -19,6 +19,7 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
 
         raise StoreError(f"no run {run_id!r} in {store.url}" if run_id else f"no runs in {store.url} yet")
     run_id = run["id"]
+    store = store.on_hardware({**store.hardware, "id": run["hardware_id"]})  # champions of the run's hardware
     evs = store.evaluations(run_id=run_id)
     cands = {e["candidate_id"]: store.candidate(e["candidate_id"]) for e in evs}
     problems = []
