@@ -67,7 +67,7 @@ def bench_executors(args, console) -> list[dict]:
 
 # -- 2. the store's record path -------------------------------------------------------------------
 def _writer(url: str, n: int, tag: str, start, out, path: str = "coordinator") -> None:
-    from swarmfactory.api import candidate_record
+    from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.leases import CLAIMED, Leases
     from swarmfactory.evidence.store import Store
     from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict

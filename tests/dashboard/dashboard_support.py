@@ -59,7 +59,7 @@ def kernel_run(url: str) -> dict:
     """A kernel run still ``running`` (budget 20) on rmsnorm: a seed, a faster child and
     grandchild (champions), one not-faster, one wrong on a named case, one build failure; a case
     the adversary found that broke the wrong one; a lesson. Returns the ids the tests look for."""
-    from swarmfactory.api import candidate_record, record
+    from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
     from swarmfactory.problems import load_problem
 
@@ -79,17 +79,17 @@ def kernel_run(url: str) -> dict:
     broken = candidate_record(p, "int broken(", "knob-blocking", "mutate", run_id=run)
     ids = {"run": run, "seed": seed["id"], "child": child["id"], "grand": grand["id"], "bad": bad["id"],
            "broken": broken["id"]}
-    e_seed = record(st, p, seed, _verdict("faster", 1.2, shapes=p.workload), run, "v1")
+    e_seed = st.record_verdict(p, seed, _verdict("faster", 1.2, shapes=p.workload), run, "v1")
     st.set_champion(p, seed["id"], e_seed, 1.2, run, "found")
-    e_child = record(st, p, child, _verdict("faster", 1.9, shapes=p.workload), run, "v1")
+    e_child = st.record_verdict(p, child, _verdict("faster", 1.9, shapes=p.workload), run, "v1")
     st.set_champion(p, child["id"], e_child, 1.9, run, "found")
-    record(st, p, slow, _verdict("not_faster", 0.8, shapes=p.workload), run, "v1")
-    ids["wrong_eval"] = record(st, p, bad, _verdict("wrong", detail="max error 3.1e+00 > tol on shape 7x1023 "
+    st.record_verdict(p, slow, _verdict("not_faster", 0.8, shapes=p.workload), run, "v1")
+    ids["wrong_eval"] = st.record_verdict(p, bad, _verdict("wrong", detail="max error 3.1e+00 > tol on shape 7x1023 "
                                                     "seed 5 dist tiny"), run, "v1")
     from swarmfactory.harness.outcome import Outcome, Verdict
 
-    record(st, p, broken, Verdict(Outcome.BUILD_FAILED, "error: expected declaration", "build"), run, "v1")
-    e_grand = record(st, p, grand, _verdict("faster", 2.4, shapes=p.workload), run, "v1")
+    st.record_verdict(p, broken, Verdict(Outcome.BUILD_FAILED, "error: expected declaration", "build"), run, "v1")
+    e_grand = st.record_verdict(p, grand, _verdict("faster", 2.4, shapes=p.workload), run, "v1")
     st.set_champion(p, grand["id"], e_grand, 2.4, run, "found")
     from swarmfactory.problems.spec import Case
 

@@ -37,7 +37,7 @@ def browser():
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_page_shows_the_run_in_progress_and_a_new_verdict_without_reload(browser, kind, tmp_path, capsys):
-    from swarmfactory.api import candidate_record, record
+    from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
     from swarmfactory.harness.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
@@ -72,7 +72,7 @@ def test_page_shows_the_run_in_progress_and_a_new_verdict_without_reload(browser
             p = load_problem("rmsnorm")
             cand = candidate_record(p, p.render() + "\n/* times itself */\n", "llm:replay", "rewrite",
                                     parents=[ids["child"]], generation=2, run_id=ids["run"])
-            eid = record(writer, p, cand, Verdict(Outcome.CHEATED, "reads the clock: clock_gettime", "static"),
+            eid = writer.record_verdict(p, cand, Verdict(Outcome.CHEATED, "reads the clock: clock_gettime", "static"),
                          ids["run"], "v1")
             writer.engine.dispose()
             row = page.locator(f"#evaluations tr[data-evaluation='{eid}']")

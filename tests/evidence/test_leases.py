@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from swarmfactory.api import candidate_record
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.leases import CLAIMED, DONE, TAKEN, Leases
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, Verdict

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from swarmfactory.api import candidate_record
+from swarmfactory.agents.base import candidate_record
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence import schema as S
 from swarmfactory.evidence.store import Store
