@@ -159,10 +159,11 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
     from swarmfactory.problems import list_problems, load_problem
 
     rows = []
-    for name in list_problems():
+    for name in list_problems(gpu=True):
         p = load_problem(name)
         combos = [dict(zip(p.knobs, c)) for c in itertools.product(*p.knobs.values())] if p.knobs else []
-        rows.append({"name": p.name, "version": p.version, "abi": p.c_signature,
+        rows.append({"name": p.name, "version": p.version,
+                     "abi": p.c_signature if p.backend == "c" else f"{p.backend}: {p.py_signature}",
                      "workload": [dict(s) for s in p.workload], "tolerance": vars(p.tolerance),
                      "knobs": {k: list(v) for k, v in p.knobs.items()},
                      "design_space": sum(1 for k in combos if p.valid_knobs(k)),

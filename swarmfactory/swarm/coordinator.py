@@ -298,7 +298,7 @@ class Coordinator:
                     props = []
                 fresh = None
                 for prop in props:
-                    cid = content_hash(prop.source, "c")
+                    cid = content_hash(prop.source, st.problem.backend)
                     if cid in st.seen:
                         self.duplicates += 1
                     else:
@@ -321,7 +321,8 @@ class Coordinator:
 
     def _complete(self, st: ProblemState, prop: Proposal, cid: str, verdict: Verdict) -> bool:
         """Record a verdict; returns True when it made a new champion."""
-        cand = candidate_record(st.problem, prop.source, prop.agent, prop.operator, knobs=prop.knobs,
+        cand = candidate_record(st.problem, prop.source, prop.agent, prop.operator,
+                                backend=st.problem.backend, knobs=prop.knobs,
                                 parents=prop.parents, generation=prop.generation, run_id=self.run_id)
         assert cand["id"] == cid
         eval_id = record(self.store, st.problem, cand, verdict, self.run_id, st.vversion)

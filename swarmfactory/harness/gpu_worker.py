@@ -1,0 +1,139 @@
+"""The GPU candidate's process: imports one Triton module and calls its launcher on the inputs the
+trusted side sends; nothing here decides anything.
+
+Run as a script (``python -I gpu_worker.py``), so it imports nothing of swarmfactory: the
+problem, its reference and the comparison stay in the trusted process. On a machine without a
+GPU it runs with ``TRITON_INTERPRET=1`` (Triton's interpreter, CPU tensors). Every output buffer
+is filled with the poison the trusted side names before the call; inputs arrive as raw bytes for
+every call (fresh draws). The protocol is framed JSON headers plus raw array bytes, on a file
+descriptor of its own (stdout is pointed at stderr, so a candidate's prints cannot forge replies).
+Nothing executable is ever sent either way.
+
+Replies carry ``error`` = ``build`` (import error, syntax error, Triton compile error) or
+``crash`` (anything else the candidate raised) with the message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import traceback
+
+MAX_HEADER = 1 << 20
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        b = os.read(fd, min(left, 1 << 24))
+        if not b:
+            raise EOFError
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def recv(fd: int) -> tuple[dict, list[bytes]]:
+    (n,) = struct.unpack("<Q", _read_exact(fd, 8))
+    if n > MAX_HEADER:
+        raise ValueError("header too large")
+    head = json.loads(_read_exact(fd, n))
+    blobs = [_read_exact(fd, int(k)) for k in head.get("sizes", [])]
+    return head, blobs
+
+
+def send(fd: int, head: dict, blobs: list[bytes] = ()) -> None:
+    head = dict(head, sizes=[len(b) for b in blobs])
+    raw = json.dumps(head).encode()
+    os.write(fd, struct.pack("<Q", len(raw)) + raw)
+    for b in blobs:
+        view = memoryview(b)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+
+def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, (SyntaxError, ImportError)):
+        return "build"
+    name = type(exc).__module__ + "." + type(exc).__name__
+    return "build" if "CompilationError" in name or "compiler" in name.split(".")[:2] else "crash"
+
+
+def _message(exc: BaseException, limit: int = 2000) -> str:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    # the candidate's own frames say most; keep the end of the trace
+    text = "".join(tb[-6:])
+    return text[-limit:]
+
+
+def main() -> None:
+    fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
+    os.dup2(2, 1)  # the candidate's prints go to the log, never into the protocol
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+    fn = None
+    while True:
+        try:
+            head, blobs = recv(fd_in)
+        except EOFError:
+            return
+        op = head["op"]
+        if op == "load":
+            try:
+                import importlib.util
+
+                spec = importlib.util.spec_from_file_location("sf_candidate", head["path"])
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                fn = getattr(module, head["symbol"])
+                send(fd_out, {"ok": True, "device": device})
+            except BaseException as exc:  # noqa: BLE001 - everything the candidate does is reported
+                send(fd_out, {"error": _error_kind(exc), "message": _message(exc)})
+        elif op == "call":
+            args, outs = [], []
+            it = iter(blobs)
+            for a in head["args"]:
+                if a["kind"] == "in":
+                    arr = np.frombuffer(next(it), dtype=a["dtype"]).reshape(a["shape"]).copy()
+                    args.append(torch.from_numpy(arr).to(device))
+                elif a["kind"] == "out":
+                    t = torch.empty(a["shape"], dtype=getattr(torch, a["dtype"]), device=device)
+                    t.fill_(float(head["poison"]))
+                    args.append(t)
+                    outs.append((a["name"], t))
+                else:
+                    args.append(int(a["value"]) if a["kind"] == "int" else float(a["value"]))
+            try:
+                fn(*args)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+            except BaseException as exc:  # noqa: BLE001
+                send(fd_out, {"error": _error_kind(exc), "message": _message(exc)})
+                continue
+            back = [t.detach().cpu().contiguous().numpy().tobytes() for _, t in outs]
+            ins = [args[i].detach().cpu().contiguous().numpy().tobytes()
+                   for i, a in enumerate(head["args"]) if a["kind"] == "in"]
+            send(fd_out, {"ok": True, "outputs": [n for n, _ in outs]}, back + ins)
+        elif op == "time":
+            from importlib.util import module_from_spec, spec_from_file_location
+
+            spec = spec_from_file_location("sf_gputimer", head["timer"])
+            timer = module_from_spec(spec)
+            spec.loader.exec_module(timer)
+            try:
+                result = timer.time_in_worker(fn, head, blobs, device)
+                send(fd_out, {"ok": True, **result})
+            except BaseException as exc:  # noqa: BLE001
+                send(fd_out, {"error": _error_kind(exc), "message": _message(exc)})
+        else:
+            send(fd_out, {"error": "crash", "message": f"unknown op {op!r}"})
+
+
+if __name__ == "__main__":
+    main()
