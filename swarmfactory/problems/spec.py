@@ -317,8 +317,11 @@ def check_problem(problem: Problem) -> None:
             if v not in problem.knobs[k]:
                 raise ValueError(f"{problem.name}: default {k}={v!r} is not among its values")
     # the shape that matters (an edge shape may be degenerate, 1x1); a GPU problem's workload
-    # can be too large for a float64 reference on a CPU: its first interpreter shape instead
-    shape = problem.interpret_shapes[0] if problem.interpret_shapes else problem.workload[0]
+    # can be too large for a float64 reference on a CPU: its largest interpreter shape instead
+    import math
+
+    shape = (max(problem.interpret_shapes, key=lambda s: math.prod(s.values())) if problem.interpret_shapes
+             else problem.workload[0])
     outs = []
     for seed in (1, 2):
         inputs = problem.make_inputs(shape, np.random.default_rng(seed), problem.dists[0])
