@@ -185,7 +185,7 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
 
 @app.command("eval")
 def eval_cmd(
-    source: Path = typer.Argument(..., metavar="KERNEL.c", help="the kernel's C source file"),
+    source: Path = typer.Argument(..., metavar="KERNEL", help="the kernel's source file: C, or for a GPU problem Triton (.py), CUDA C++ or PTX"),
     problem: str = typer.Option(..., "--problem", "-p", metavar="NAME|PATH",
                                 help="problem name or path to a problem .py"),
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
@@ -218,7 +218,8 @@ def eval_cmd(
 def _print_verdict(res: dict) -> None:
     from swarmfactory.ui import compact_table, num, shape_text, speedup_ci
 
-    color = {"faster": "green", "not_faster": "yellow"}.get(res["outcome"], "red")
+    color = {"faster": "green", "not_faster": "yellow", "unmeasured": "cyan",
+             "needs_device": "cyan"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)

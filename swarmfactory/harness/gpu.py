@@ -47,7 +47,7 @@ from swarmfactory.problems.spec import NP_DTYPES, Case, Problem
 WORKER = Path(__file__).with_name("gpu_worker.py")
 MAX_REPLY = 1 << 30
 LOAD_TIMEOUT_S = 120.0         # importing torch and triton, and the module
-INTERPRET_CASE_TIMEOUT_S = 60.0  # one call under the interpreter (numpy per program instance)
+INTERPRET_SLOWDOWN = 6.0      # a call's deadline under the interpreter: case_timeout_s times this
 _LIVE: "weakref.WeakSet[GpuWorker]" = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 
@@ -281,7 +281,7 @@ def interpret_cases(problem: Problem, cases: list[Case]) -> tuple[list[Case], in
 
 def verify(problem: Problem, artifact_path: str, cases: list[Case], interpret: bool,
            case_timeout: float, prep_extra: dict) -> int:
-    timeout = max(case_timeout, INTERPRET_CASE_TIMEOUT_S) if interpret else case_timeout
+    timeout = case_timeout * INTERPRET_SLOWDOWN if interpret else case_timeout
     with GpuWorker(interpret) as worker:
         prep_extra["isolation"] = ("process boundary: own session, private temp dir, env allow-list, "
                                    "rlimits" + ("; Triton interpreter on CPU" if interpret else ""))

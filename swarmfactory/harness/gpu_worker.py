@@ -56,10 +56,20 @@ def send(fd: int, head: dict, blobs: list[bytes] = ()) -> None:
 
 
 def _error_kind(exc: BaseException) -> str:
+    """``build`` where Triton (or Python) rejected the kernel's code itself: an import or syntax
+    error, a compile error, or, under the interpreter, a check of the kernel language (a
+    non-power-of-2 arange, a type error in ``tl``) that the compiler would have failed."""
     if isinstance(exc, (SyntaxError, ImportError)):
         return "build"
-    name = type(exc).__module__ + "." + type(exc).__name__
-    return "build" if "CompilationError" in name or "compiler" in name.split(".")[:2] else "crash"
+    name = type(exc).__name__
+    if "CompilationError" in name:
+        return "build"
+    cause = exc.__cause__
+    if name == "InterpreterError" and cause is not None:
+        frames = traceback.extract_tb(cause.__traceback__)
+        if frames and "/triton/language/" in frames[-1].filename.replace(os.sep, "/"):
+            return "build"
+    return "crash"
 
 
 def _message(exc: BaseException, limit: int = 2000) -> str:
