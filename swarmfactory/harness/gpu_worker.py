@@ -137,8 +137,8 @@ def main() -> None:
             timer = module_from_spec(spec)
             spec.loader.exec_module(timer)
             try:
-                result = timer.time_in_worker(fn, head, blobs, device)
-                send(fd_out, {"ok": True, **result})
+                result, back = timer.time_in_worker(fn, head, blobs, device)
+                send(fd_out, {"ok": True, **result}, back)
             except BaseException as exc:  # noqa: BLE001
                 send(fd_out, {"error": _error_kind(exc), "message": _message(exc)})
         else:

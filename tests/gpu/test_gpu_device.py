@@ -1,0 +1,48 @@
+"""On an NVIDIA GPU: the compiled Triton path, the GPU timer and the interleaved measurement. Every
+test here skips, with its reason, on a machine without one (CI)."""
+
+import dataclasses
+
+import pytest
+
+from swarmfactory.harness.gpu import cuda_available
+
+pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() "
+                                                           "is False, or SWARMFACTORY_NO_GPU=1)")
+
+
+def test_the_seed_kernel_is_verified_compiled_on_the_device(gpu_harness):
+    from swarmfactory.problems import load_problem
+
+    p = load_problem("gpu_swiglu")
+    prep = gpu_harness.prepare(p, p.render())
+    assert prep.rejected is None, prep.rejected and prep.rejected.detail
+    assert prep.extra["interpret"] is False
+    assert prep.cases_checked == len(p.seed_cases())  # the GPU shapes too, not only the small ones
+
+
+def test_the_timer_flushes_l2_and_its_event_times_fit_the_wall_clock():
+    import torch
+
+    from swarmfactory.harness.gputimer import l2_flush_buffer, time_calls
+
+    x = torch.randn(1 << 20, device="cuda")
+    flush = l2_flush_buffer()
+    assert flush.numel() * 4 >= 2 * torch.cuda.get_device_properties(0).L2_cache_size
+    res = time_calls(lambda t: t.mul_(1.0), [(x,)], samples=5, launches=20, flush=flush)
+    assert len(res["ms"]) == 5 and all(0 < ms * 20 <= w for ms, w in zip(res["ms"], res["wall_ms"]))
+
+
+def test_a_slowed_kernel_is_not_faster_than_the_baseline(gpu_harness):
+    from swarmfactory.harness.gputimer import measure_candidate
+    from swarmfactory.problems import load_problem
+
+    p = load_problem("gpu_swiglu")
+    slow = p.render().replace("    n = rows * cols\n", "    n = rows * cols\n    for _ in range(20):\n"
+                                                          "        _swiglu[(triton.cdiv(n, 1024),)](gate, up, y, n, BLOCK=1024)\n")
+    p1 = dataclasses.replace(p, workload=p.workload[1:2])
+    prep = gpu_harness.prepare(p1, slow)
+    assert prep.rejected is None
+    v = measure_candidate(gpu_harness, prep, rounds=4, samples=3)
+    assert v.outcome.value == "not_faster", v.detail
+    assert v.evidence["timing"] and "gpu before" in v.evidence
