@@ -11,16 +11,18 @@ class BaselineUnavailable(RuntimeError):
 
 
 def need(module: str, package: str, gpu: bool = True):
-    """Import ``module`` for a baseline, or raise BaselineUnavailable naming the PyPI package."""
+    """Import ``module`` for a baseline, or raise BaselineUnavailable naming the PyPI package and
+    why (not installed, broken at import, or no GPU to run it on)."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # ImportError, or a CUDA/Triton mismatch at import
+        raise BaselineUnavailable(f"{package}: unavailable here ({type(exc).__name__}: {exc})") from None
     if gpu:
         import torch
 
         if not torch.cuda.is_available():
-            raise BaselineUnavailable(f"{package}: unavailable here (needs an NVIDIA GPU)")
-    try:
-        return importlib.import_module(module)
-    except Exception as exc:  # ImportError, or a CUDA/Triton mismatch at import
-        raise BaselineUnavailable(f"{package}: unavailable here ({type(exc).__name__}: {exc})") from None
+            raise BaselineUnavailable(f"{package}: installed, unavailable here (needs an NVIDIA GPU)")
+    return mod
 
 
 def compiled(eager):
@@ -29,5 +31,6 @@ def compiled(eager):
         import torch
 
         fn = eager(t)
-        return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+        # the default mode: max-autotune's minutes of tuning per shape do not fit a suite run
+        return torch.compile(fn, dynamic=False)
     return setup
