@@ -4,7 +4,8 @@ The protection is the process boundary and the trusted comparison (harness/gpu.p
 candidate runs only in a worker process that never sees the reference, on fresh inputs per call,
 into poisoned outputs. This filter only turns the obvious attempts into a verdict with a reason:
 
-* imports beyond ``triton``, ``triton.language``, ``torch`` and ``math``;
+* imports beyond ``triton``, ``triton.language``, ``torch`` and ``math``, and attribute chains
+  into Triton's runtime or compiler (``triton.runtime...`` reaches ``os`` and ``subprocess``);
 * ``exec``/``eval``/``open``/``__import__``/``getattr``..., and any dunder attribute (the way
   to builtins, globals and frames);
 * assignments to attributes of ``torch``/``triton``/``math`` (monkey-patching);
@@ -38,6 +39,17 @@ def _root(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
         node = node.value if not isinstance(node, ast.Call) else node.func
     return node.id if isinstance(node, ast.Name) else None
+
+
+TRITON_ALLOWED = {"jit", "language", "cdiv", "next_power_of_2", "autotune", "Config", "heuristics"}
+# the kernel language's own namespaces: what may stand left of the last dot in tl.X.Y chains
+LANGUAGE_NAMESPACES = {"triton.language", "tl.math", "triton.language.math", "tl.extra", "tl.extra.cuda",
+                       "tl.extra.cuda.libdevice", "triton.language.extra", "triton.language.extra.cuda",
+                       "triton.language.extra.cuda.libdevice"}
+
+
+def _kernel_language(node: ast.Attribute) -> bool:
+    return ast.unparse(node.value) in LANGUAGE_NAMESPACES
 
 
 def _is_jit(fn: ast.FunctionDef) -> bool:
@@ -90,11 +102,18 @@ def check_python(source: str) -> str | None:
                         return f"assigns to {ast.unparse(sub)} (monkey-patching the framework)"
         elif isinstance(node, ast.Global) and any(n in PATCHABLE_ROOTS for n in node.names):
             return "rebinds a framework module globally"
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and _root(node) in ("triton", "tl") and not _kernel_language(node):
+            return (f"reaches into {ast.unparse(node)} (a kernel uses the kernel language, not "
+                    "Triton's runtime or compiler)")
     jit_nodes = {id(n) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and _is_jit(fn)
                  for n in ast.walk(fn)}
     for node in ast.walk(tree):
         if id(node) in jit_nodes:
             continue
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "triton" \
+                and node.attr not in TRITON_ALLOWED:
+            return f"uses triton.{node.attr} in the launcher (only {', '.join(sorted(TRITON_ALLOWED))})"
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                 and node.value.id in torch_aliases and node.attr not in TORCH_ALLOWED:
             return f"calls torch.{node.attr} outside a kernel: the kernel must compute in Triton, not torch"
