@@ -10,13 +10,14 @@ import pytest
 from swarmfactory.backends import get_backend
 from swarmfactory.harness.gpu import cuda_available, interpret_cases
 from swarmfactory.harness.pystatic import check_python
-from swarmfactory.problems import load_problem, resolve_problems
+from swarmfactory.problems import list_problems, load_problem, resolve_problems
 from swarmfactory.problems.suites.gpu import NAMES
 
 
 def test_the_gpu_suite_resolves_by_name_and_all_stays_the_cpu_suite():
     assert [p.name for p in resolve_problems("gpu")] == list(NAMES)
     assert not any(p.backend != "c" for p in resolve_problems("all"))
+    assert set(NAMES) <= set(list_problems(gpu=True)) and not set(NAMES) & set(list_problems())
 
 
 @pytest.mark.parametrize("name", NAMES)
