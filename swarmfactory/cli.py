@@ -332,6 +332,9 @@ def run_cmd(
         print(json.dumps(summary, default=str))
         return
     _print_summary(summary, wide)
+    if any(p["outcomes"].get("unmeasured") for p in summary["problems"]):
+        out.print("unmeasured: GPU problems verified under Triton's interpreter (small shapes); timing, "
+                  "and so champions, need an NVIDIA GPU (docs/gpu.md)", markup=False, soft_wrap=True)
     out.print(f"store: {st.url}   show again: swarmfactory show {run_id}{store_flag}", markup=False,
               soft_wrap=True)
 
