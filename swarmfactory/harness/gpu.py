@@ -273,9 +273,10 @@ def interpret_cases(problem: Problem, cases: list[Case]) -> tuple[list[Case], in
     limit = max(int(np.prod(list(s.values()))) for s in small)
     kept = [c for c in cases if dict(c.shape) in small
             or (c.origin not in ("seed", "workload") and int(np.prod(list(c.shape.values()))) <= limit)]
-    covered = [dict(c.shape) for c in kept]
-    kept += [Case(dict(s), seed=990_000 + 10 * i + j, dist=d)  # an interpreter shape no bundled case has
-             for i, s in enumerate(small) if s not in covered for j, d in enumerate(problem.dists)]
+    if any(c.origin in ("seed", "workload") for c in cases):  # a validation set, not a few found cases
+        covered = [dict(c.shape) for c in kept]
+        kept += [Case(dict(s), seed=990_000 + 10 * i + j, dist=d)  # an interpreter shape no bundled case has
+                 for i, s in enumerate(small) if s not in covered for j, d in enumerate(problem.dists)]
     return kept, len(cases) - len([c for c in cases if c in kept])
 
 
@@ -356,6 +357,7 @@ def measure(harness, prep) -> Verdict:
                   "timing needs an NVIDIA GPU")
         verdict = Verdict(Outcome.UNMEASURED, detail, "measure", cases_checked=prep.cases_checked,
                           evidence={"isolation": prep.extra.get("isolation"), **({"interpreter": info} if info else {})})
+        verdict.evidence["gpu tools"] = gpu_tools(prep.problem.backend)
     else:
         from swarmfactory.harness.gputimer import measure_candidate
 
@@ -365,5 +367,20 @@ def measure(harness, prep) -> Verdict:
             except Rejected as rej:
                 verdict = Verdict(rej.outcome, rej.detail, rej.stage, evidence=rej.evidence)
         verdict.cases_checked = prep.cases_checked
+        verdict.evidence["gpu tools"] = gpu_tools(prep.problem.backend)
     verdict.seconds = prep.seconds + time.monotonic() - t0
     return verdict
+
+
+def gpu_tools(backend: str) -> dict:
+    """What can change a GPU result, beside the CPU fingerprint every record carries: the
+    backend's tool versions and the device (or the interpreter)."""
+    tools = dict(get_backend(backend).versions())
+    if cuda_available():
+        import torch
+
+        tools["device"] = torch.cuda.get_device_name()
+        tools["cuda"] = str(torch.version.cuda)
+    else:
+        tools["device"] = "none: Triton interpreter on CPU" if backend == "triton" else "none"
+    return tools

@@ -15,6 +15,10 @@ harness needs is declared here, so adding an op is adding one file. Contract:
   in PyTorch. ``fn`` may allocate its result; it returns a tensor, or a tuple of tensors in
   the order of the ``out`` args.
 * ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel.
+* ``backend`` other than ``"c"`` (``triton``, ``cuda``, ``ptx``): the same args reach the kernel
+  as torch tensors on the device and Python scalars (docs/gpu.md); a Triton template renders
+  ``{{ signature }}`` as the launcher's ``def`` line; ``interpret_shapes`` are the small shapes
+  verified under Triton's interpreter where there is no GPU.
 """
 
 from __future__ import annotations

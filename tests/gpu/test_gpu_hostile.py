@@ -35,6 +35,8 @@ def test_the_seed_kernel_is_verified_and_not_called_faster_without_timing(gpu_ha
         assert v.outcome.value == "unmeasured", v.detail
         assert "Triton interpreter" in v.detail and "needs an NVIDIA GPU" in v.detail
         assert v.speedup is None
+        assert v.evidence["gpu tools"]["device"] == "none: Triton interpreter on CPU"
+    assert v.evidence["gpu tools"]["triton"] != "missing"
     assert v.cases_checked >= 10
 
 

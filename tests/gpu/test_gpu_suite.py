@@ -54,3 +54,16 @@ def test_a_non_default_configuration_is_verified_too(gpu_harness):
     src = p.render({"BLOCK_N": 1, "BLOCK_K": 32, "num_warps": 1})
     v = gpu_harness.evaluate(p, src, interpret_cases(p, p.seed_cases())[0])
     assert v.outcome.value in ("unmeasured", "not_faster", "faster"), v.detail
+
+
+def test_the_interpreter_keeps_small_found_cases_and_drops_gpu_shapes():
+    from swarmfactory.problems.spec import Case
+
+    p = load_problem("gpu_swiglu")
+    small = Case({"rows": 2, "cols": 5}, seed=1, origin="adversary")
+    big = Case({"rows": 64, "cols": 14336}, seed=2, origin="adversary")
+    kept, dropped = interpret_cases(p, [small, big])
+    assert kept == [small] and dropped == 1  # found cases alone: nothing synthesised around them
+    kept, dropped = interpret_cases(p, p.seed_cases())
+    assert {tuple(c.shape.values()) for c in kept} == {tuple(s.values()) for s in p.interpret_shapes}
+    assert dropped > 0 and all(c.origin == "seed" for c in kept)
