@@ -57,7 +57,7 @@ def test_a_short_swarm_run_on_a_gpu_problem_works_end_to_end(tmp_path):
     import swarmfactory
 
     summary = swarmfactory.run("gpu_swiglu", store=str(tmp_path / "ev.db"), budget=2, parallel=1,
-                               remeasure_champions=False)
+                               rounds=3, remeasure_champions=False)
     row = next(p for p in summary["problems"] if p["problem"] == "gpu_swiglu")
     assert row["evaluations"] == 2
     if not cuda_available():

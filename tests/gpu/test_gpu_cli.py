@@ -13,8 +13,8 @@ def test_eval_of_a_triton_file_reports_its_verdict(tmp_path):
     kernel = tmp_path / "softmax.py"
     kernel.write_text(load_problem("gpu_softmax").render())
     exe = str(Path(sys.executable).with_name("swarmfactory"))
-    proc = subprocess.run([exe, "eval", str(kernel), "-p", "gpu_softmax", "--json", "--store", str(tmp_path / "e.db")],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([exe, "eval", str(kernel), "-p", "gpu_softmax", "--json", "--store", str(tmp_path / "e.db"),
+                           "--rounds", "3"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert res["problem"] == "gpu_softmax" and res["cases_checked"] > 0

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from swarmfactory.backends import get_backend
-from swarmfactory.harness.gpu import cuda_available, interpret_cases
+from swarmfactory.harness.gpu import interpret_cases
 from swarmfactory.harness.pystatic import check_python
 from swarmfactory.problems import list_problems, load_problem, resolve_problems
 from swarmfactory.problems.suites.gpu import NAMES
@@ -33,8 +33,8 @@ def test_each_problem_states_its_model_config_and_small_shapes(name):
 def test_the_seed_kernel_passes_verification(gpu_harness, name):
     p = load_problem(name)
     cases, dropped = interpret_cases(p, p.seed_cases())
-    v = gpu_harness.evaluate(p, p.render(), cases)
-    assert v.outcome.value == ("not_faster" if cuda_available() else "unmeasured") or v.outcome.correct, v.detail
+    v = gpu_harness.evaluate(p, p.render(), cases, measure=False)
+    assert v.outcome.value == "unmeasured", v.detail  # verified; timing is test_gpu_device's
     assert v.cases_checked == len(cases) >= 8
 
 
@@ -52,8 +52,8 @@ def test_knob_values_render_modules_that_pass_static_checks_and_build(name):
 def test_a_non_default_configuration_is_verified_too(gpu_harness):
     p = load_problem("gpu_q4_gemv")
     src = p.render({"BLOCK_N": 1, "BLOCK_K": 32, "num_warps": 1})
-    v = gpu_harness.evaluate(p, src, interpret_cases(p, p.seed_cases())[0])
-    assert v.outcome.value in ("unmeasured", "not_faster", "faster"), v.detail
+    v = gpu_harness.evaluate(p, src, interpret_cases(p, p.seed_cases())[0], measure=False)
+    assert v.outcome.value == "unmeasured", v.detail
 
 
 def test_the_interpreter_keeps_small_found_cases_and_drops_gpu_shapes():
