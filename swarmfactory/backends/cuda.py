@@ -14,6 +14,7 @@ import re
 from functools import cache
 
 from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.harness.gpu_worker import parse_launch
 from swarmfactory.backends.c import cache_dir
 from swarmfactory.backends.gputools import find_nvrtc, target_arch
 
@@ -76,20 +77,24 @@ class CUDABackend(Backend):
               prototype: str | None = None, checks: bool = False) -> Artifact:
         if not re.search(rf'extern\s+"C"[^;{{]*__global__[^;{{]*\b{re.escape(symbol)}\s*\(', source):
             raise BuildError(f'no `extern "C" __global__ void {symbol}(...)` in the source')
+        try:
+            launch = parse_launch(source)
+        except ValueError as exc:
+            raise BuildError(str(exc)) from None
         arch = target_arch()
         flags = tuple(flags or ())
         key = hashlib.sha256("\0".join([source, symbol, arch, " ".join(flags), self.versions()["nvrtc"]])
                              .encode()).hexdigest()[:24]
         out = cache_dir() / f"cuda-{key}.cubin"
         if out.exists():
-            return Artifact(str(out), symbol, key, cached=True, info={"arch": arch})
+            return Artifact(str(out), symbol, key, cached=True, info={"arch": arch, "launch": launch})
         cubin, log = nvrtc_compile(source, arch, flags)
         tmp = out.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(cubin)
         os.replace(tmp, out)
-        return Artifact(str(out), symbol, key, log=log, info={"arch": arch})
+        return Artifact(str(out), symbol, key, log=log, info={"arch": arch, "launch": launch})
 
     @staticmethod
     def load(artifact_path: str, symbol: str, argtypes: list):
-        raise NotImplementedError("running raw cubins (module load, launch geometry) is not built yet; "
-                                  "candidates of this backend are built and checked by the compiler only")
+        raise NotImplementedError("a cubin needs its launch geometry (Artifact.info['launch']): it loads "
+                                  "in the harness worker through gpu_worker.load_cubin(path, symbol, launch)")

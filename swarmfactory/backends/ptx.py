@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 
 from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.harness.gpu_worker import parse_launch
 from swarmfactory.backends.c import BUILD_TIMEOUT_S, _limit_compiler, cache_dir
 from swarmfactory.backends.gputools import find_ptxas, target_arch
 
@@ -44,13 +45,17 @@ class PTXBackend(Backend):
             raise BuildError("ptxas not found: install the CUDA toolkit or pip install nvidia-cuda-nvcc-cu12")
         if not re.search(rf"\.entry\s+{re.escape(symbol)}\s*\(", source):
             raise BuildError(f"no `.visible .entry {symbol}(...)` in the PTX")
+        try:
+            launch = parse_launch(source)
+        except ValueError as exc:
+            raise BuildError(str(exc)) from None
         arch = target_arch()
         flags = tuple(flags or ("-O3",))
         key = hashlib.sha256("\0".join([source, symbol, arch, " ".join(flags), self.versions()["ptxas"]])
                              .encode()).hexdigest()[:24]
         out = cache_dir() / f"ptx-{key}.cubin"
         if out.exists():
-            return Artifact(str(out), symbol, key, cached=True, info={"arch": arch})
+            return Artifact(str(out), symbol, key, cached=True, info={"arch": arch, "launch": launch})
         with tempfile.TemporaryDirectory(prefix="sf-ptx-") as tmp:
             src = Path(tmp) / "kernel.ptx"
             src.write_text(source)
@@ -65,9 +70,9 @@ class PTXBackend(Backend):
             if proc.returncode != 0 or not tmp_out.exists():
                 raise BuildError("ptxas error:\n" + _excerpt(log), log)
             os.replace(tmp_out, out)
-        return Artifact(str(out), symbol, key, log=log, info={"arch": arch})
+        return Artifact(str(out), symbol, key, log=log, info={"arch": arch, "launch": launch})
 
     @staticmethod
     def load(artifact_path: str, symbol: str, argtypes: list):
-        raise NotImplementedError("running raw cubins (module load, launch geometry) is not built yet; "
-                                  "candidates of this backend are built and checked by the compiler only")
+        raise NotImplementedError("a cubin needs its launch geometry (Artifact.info['launch']): it loads "
+                                  "in the harness worker through gpu_worker.load_cubin(path, symbol, launch)")

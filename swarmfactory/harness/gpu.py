@@ -13,7 +13,8 @@ Same rules as for C (MEASURING.md), with a Python worker instead of the C driver
   for C); an input changed is `cheated`; the first case of each shape runs twice (determinism);
 * without a GPU, Triton kernels run under ``TRITON_INTERPRET=1`` on the problem's small
   ``interpret_shapes`` and the verdict is `unmeasured` (verified, not timed: never `faster`);
-  cuda/ptx candidates are built for real (ptxas, NVRTC) and end as `needs_device`.
+  cuda/ptx candidates are built for real (ptxas, NVRTC) and end as `needs_device`; on a GPU their
+  cubin is loaded and launched through the driver API with the geometry the source declares.
 
 On a GPU, ``measure`` runs the timing protocol of docs/gpu.md (gputimer.py).
 """
@@ -280,14 +281,21 @@ def interpret_cases(problem: Problem, cases: list[Case]) -> tuple[list[Case], in
     return kept, len(cases) - len([c for c in cases if c in kept])
 
 
-def verify(problem: Problem, artifact_path: str, cases: list[Case], interpret: bool,
+def load_message(problem: Problem, artifact) -> dict:
+    """What the worker loads: a Triton module, or a cubin with its launch geometry."""
+    head = {"op": "load", "path": artifact.path, "symbol": problem.name}
+    if artifact.info.get("launch"):
+        head.update(launch=artifact.info["launch"], args=[{"name": a.name} for a in problem.args])
+    return head
+
+
+def verify(problem: Problem, artifact, cases: list[Case], interpret: bool,
            case_timeout: float, prep_extra: dict) -> int:
     timeout = case_timeout * INTERPRET_SLOWDOWN if interpret else case_timeout
     with GpuWorker(interpret) as worker:
         prep_extra["isolation"] = ("process boundary: own session, private temp dir, env allow-list, "
                                    "rlimits" + ("; Triton interpreter on CPU" if interpret else ""))
-        worker.request({"op": "load", "path": artifact_path, "symbol": problem.name}, [], LOAD_TIMEOUT_S,
-                       "load (import)")
+        worker.request(load_message(problem, artifact), [], LOAD_TIMEOUT_S, "load")
         seen: set[str] = set()
         for case in order_cases(cases):
             key = json.dumps(dict(case.shape), sort_keys=True)
@@ -326,17 +334,15 @@ def prepare(harness, problem: Problem, source: str, cases: list[Case] | None):
         except BuildError as exc:
             raise Rejected(Outcome.BUILD_FAILED, str(exc), "build", log=exc.log[-4000:]) from None
         device = cuda_available()
-        if problem.backend != "triton":
+        if problem.backend != "triton" and not device:
             arch = prep.artifact.info.get("arch", "?")
-            why = ("no NVIDIA GPU here" if not device
-                   else "running raw cubins (module load, launch geometry) is not built yet")
             raise Rejected(Outcome.NEEDS_DEVICE, f"built for {arch} ({problem.backend}); verification "
-                           f"and timing need a device: {why}", "verify")
+                           "and timing need a device: no NVIDIA GPU here", "verify")
         interpret = not device
         if interpret:
             cases, dropped = interpret_cases(problem, cases)
             prep.extra["interpreter"] = {"cases": len(cases), "dropped (GPU shapes)": dropped}
-        prep.cases_checked = verify(problem, prep.artifact.path, cases, interpret,
+        prep.cases_checked = verify(problem, prep.artifact, cases, interpret,
                                     harness.config.case_timeout_s, prep.extra)
         prep.extra["interpret"] = interpret
     except Rejected as rej:

@@ -79,6 +79,117 @@ def _message(exc: BaseException, limit: int = 2000) -> str:
     return text[-limit:]
 
 
+# -- raw cubins (backends cuda and ptx) ----------------------------------------------------------
+LAUNCH_PREFIX = "launch:"
+
+
+def parse_launch(source: str) -> str:
+    """The launch geometry a CUDA/PTX source declares in a comment line:
+    ``// launch: grid=(cdiv(rows, 4), 1, 1) block=(128, 1, 1) shared=0`` (expressions over the
+    problem's integer arguments: + - * // %, cdiv, min, max). Returns the spec (after "launch:");
+    ValueError with what is wrong."""
+    for line in source.splitlines():
+        text = line.strip().lstrip("/").strip()
+        if text.startswith(LAUNCH_PREFIX):
+            spec = text[len(LAUNCH_PREFIX):].strip()
+            launch_geometry(spec, None)  # syntax only
+            return spec
+    raise ValueError("no launch geometry: add a comment line `// launch: grid=(X, Y, Z) block=(X, Y, Z)` "
+                     "(expressions over the integer arguments; cdiv, min, max)")
+
+
+def launch_geometry(spec: str, ints: dict | None) -> tuple[tuple, tuple, int]:
+    """(grid, block, shared bytes) from ``spec`` with the integer arguments ``ints`` (None: check
+    the syntax only). A tiny evaluator: names, integers, + - * // %, cdiv/min/max; nothing else."""
+    import ast
+    import re
+
+    parts = {}
+    for m in re.finditer(r"\b(grid|block|shared)\s*=\s*", spec):
+        i = m.end()
+        if spec[i:i + 1] == "(":  # a balanced parenthesised group
+            depth, j = 0, i
+            while j < len(spec):
+                depth += {"(": 1, ")": -1}.get(spec[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+            parts[m.group(1)] = spec[i:j] if depth == 0 else None
+        else:
+            parts[m.group(1)] = spec[i:].split()[0] if spec[i:].split() else None
+    if not parts.get("grid") or not parts.get("block"):
+        raise ValueError(f"launch geometry {spec!r} needs grid=(...) and block=(...)")
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+    funcs = {"cdiv": lambda a, b: -(-a // b), "min": min, "max": max}
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            if ints is None:
+                return 1
+            if node.id not in ints:
+                raise ValueError(f"launch geometry names {node.id!r}, not an integer argument")
+            return int(ints[node.id])
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in funcs:
+            return funcs[node.func.id](*[ev(a) for a in node.args])
+        raise ValueError(f"launch geometry: {ast.unparse(node)!r} is not allowed (integers, argument names, "
+                         "+ - * // %, cdiv, min, max)")
+
+    def triple(text):
+        tree = ast.parse(text, mode="eval").body
+        items = tree.elts if isinstance(tree, ast.Tuple) else [tree]
+        dims = [max(1, ev(e)) for e in items][:3]
+        return tuple(dims + [1] * (3 - len(dims)))
+
+    try:
+        return triple(parts["grid"]), triple(parts["block"]), int(parts.get("shared", "0"))
+    except SyntaxError as exc:
+        raise ValueError(f"launch geometry {spec!r}: {exc.msg}") from None
+
+
+def load_cubin(path: str, symbol: str, launch: str, args_meta: list | None = None):
+    """A callable launching ``symbol`` from the cubin at ``path`` through the CUDA driver API on
+    torch's current stream: pointers for tensors, int64 for ints, fp32 for floats."""
+    import ctypes
+
+    import torch
+
+    torch.empty(1, device="cuda")  # the primary context, current on this thread
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(status, what):
+        if status != 0:
+            msg = ctypes.c_char_p()
+            cuda.cuGetErrorString(status, ctypes.byref(msg))
+            raise RuntimeError(f"CUDA driver: {what}: {(msg.value or b'?').decode()}")
+
+    data = open(path, "rb").read()
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    check(cuda.cuModuleLoadData(ctypes.byref(module), data), "cuModuleLoadData")
+    check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, symbol.encode()), f"cuModuleGetFunction({symbol})")
+
+    def launcher(*args):
+        params = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                params.append(ctypes.c_uint64(a.data_ptr()))
+            elif isinstance(a, int):
+                params.append(ctypes.c_int64(a))
+            else:
+                params.append(ctypes.c_float(a))
+        ints = {n: a for n, a in zip(launcher.names, args) if isinstance(a, int)}
+        grid, block, shared = launch_geometry(launch, ints)
+        ptrs = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        check(cuda.cuLaunchKernel(fn, *grid, *block, shared, stream, ptrs, None), "cuLaunchKernel")
+    launcher.names = [a["name"] for a in args_meta] if args_meta else []
+    return launcher
+
+
 def main() -> None:
     fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
     os.dup2(2, 1)  # the candidate's prints go to the log, never into the protocol
@@ -96,12 +207,15 @@ def main() -> None:
         op = head["op"]
         if op == "load":
             try:
-                import importlib.util
+                if head.get("launch"):  # a cubin (cuda, ptx): the driver API, on a device only
+                    fn = load_cubin(head["path"], head["symbol"], head["launch"], head.get("args"))
+                else:
+                    import importlib.util
 
-                spec = importlib.util.spec_from_file_location("sf_candidate", head["path"])
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                fn = getattr(module, head["symbol"])
+                    spec = importlib.util.spec_from_file_location("sf_candidate", head["path"])
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    fn = getattr(module, head["symbol"])
                 send(fd_out, {"ok": True, "device": device})
             except BaseException as exc:  # noqa: BLE001 - everything the candidate does is reported
                 send(fd_out, {"error": _error_kind(exc), "message": _message(exc)})

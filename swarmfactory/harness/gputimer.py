@@ -140,7 +140,7 @@ def measure_candidate(harness, prep, rounds: int | None = None, samples: int = 1
     import numpy as np
     import torch
 
-    from swarmfactory.harness.gpu import GpuWorker, call_message
+    from swarmfactory.harness.gpu import GpuWorker, call_message, load_message
     from swarmfactory.harness.outcome import Outcome, Rejected, ShapeTiming, Verdict
     from swarmfactory.harness.timing import median_ci
     from swarmfactory.harness.verify import compare, expected_for
@@ -152,7 +152,7 @@ def measure_candidate(harness, prep, rounds: int | None = None, samples: int = 1
     state_before, shapes, ratios, evidence = gpu_state(), [], [], {"baselines": {}}
     flush = l2_flush_buffer()
     with GpuWorker(interpret=False) as worker:
-        worker.request({"op": "load", "path": prep.artifact.path, "symbol": problem.name}, [], 300, "measure (load)")
+        worker.request(load_message(problem, prep.artifact), [], 300, "measure (load)")
         for shape in problem.workload:
             label = problem.shape_label(shape)
             inputs = [problem.make_inputs(dict(shape), np.random.default_rng(int(rng.integers(1 << 62))),

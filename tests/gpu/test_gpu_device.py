@@ -46,3 +46,21 @@ def test_a_slowed_kernel_is_not_faster_than_the_baseline(gpu_harness):
     v = measure_candidate(gpu_harness, prep, rounds=4, samples=3)
     assert v.outcome.value == "not_faster", v.detail
     assert v.evidence["timing"] and "gpu before" in v.evidence
+
+
+def test_a_cuda_kernel_is_loaded_and_verified_through_the_driver_api(gpu_harness):
+    import dataclasses as dc
+
+    from swarmfactory.harness.gpu import interpret_cases
+    from swarmfactory.problems import load_problem
+
+    src = ('// launch: grid=(cdiv(rows * cols, 256)) block=(256)\n'
+           'extern "C" __global__ void gpu_swiglu(const float *gate, const float *up, float *y, long long rows, long long cols) {\n'
+           '    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n'
+           '    if (i < rows * cols) { float g = gate[i]; y[i] = g / (1.0f + expf(-g)) * up[i]; }\n}\n')
+    p = dc.replace(load_problem("gpu_swiglu"), backend="cuda", template=None, knobs={}, knob_defaults={},
+                   knob_aspects={})
+    cases = interpret_cases(p, p.seed_cases())[0]
+    assert gpu_harness.evaluate(p, src, cases, measure=False).outcome.value == "unmeasured"
+    wrong = src.replace("* up[i]", "* up[i] * 1.01f")
+    assert gpu_harness.evaluate(p, wrong, cases, measure=False).outcome.value == "wrong"
