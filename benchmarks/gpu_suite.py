@@ -82,7 +82,7 @@ def main() -> int:
         swarm = swarmfactory.run(args.problems if not args.dry_run else problems[0].name, store=store,
                                  budget=args.swarm_budget, time_s=_seconds(args.swarm_time), parallel=1,
                                  rounds=args.rounds, remeasure_champions=gpu)
-        print(f"\nswarm run {swarm['run_id']} ({args.swarm_budget} evaluations max):")
+        print(f"\nswarm run {swarm['run_id']} ({args.swarm_budget} evaluations max; store {store}):")
         for prow in swarm["problems"]:
             champ = prow["champion"]
             print(f"  {prow['problem']:<22} {prow['evaluations']:>3} evals  outcomes {prow['outcomes']}  "
