@@ -7,7 +7,7 @@ time or why they are unavailable), per docs/gpu.md. Then a short swarm run (knob
 suite. Prints tables; ``--json`` writes the numbers.
 
 ``--dry-run`` (any machine): the same flow through Triton's interpreter on the small shapes,
-without timing (verdicts read `unmeasured`); baselines are listed as available or not.
+without timing (verdicts read `verified`: not timed); baselines are listed as available or not.
 """
 
 from __future__ import annotations

@@ -218,8 +218,8 @@ def eval_cmd(
 def _print_verdict(res: dict) -> None:
     from swarmfactory.ui import compact_table, num, shape_text, speedup_ci
 
-    color = {"faster": "green", "not_faster": "yellow", "unmeasured": "cyan",
-             "needs_device": "cyan"}.get(res["outcome"], "red")
+    color = {"faster": "green", "not_faster": "yellow", "verified": "yellow",
+             "needs_device": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)
@@ -332,8 +332,8 @@ def run_cmd(
         print(json.dumps(summary, default=str))
         return
     _print_summary(summary, wide)
-    if any(p["outcomes"].get("unmeasured") for p in summary["problems"]):
-        out.print("unmeasured: GPU problems verified under Triton's interpreter (small shapes); timing, "
+    if any(p["outcomes"].get("verified") for p in summary["problems"]):
+        out.print("verified, not measured: GPU problems verified under Triton's interpreter (small shapes); timing, "
                   "and so champions, need an NVIDIA GPU (docs/gpu.md)", markup=False, soft_wrap=True)
     out.print(f"store: {st.url}   show again: swarmfactory show {run_id}{store_flag}", markup=False,
               soft_wrap=True)

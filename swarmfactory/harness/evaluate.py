@@ -153,7 +153,7 @@ class Harness:
             return self.rejected_verdict(prep)
         if not measure:
             if problem.backend != "c":
-                return Verdict(Outcome.UNMEASURED, "verified (not measured)", "verify",
+                return Verdict(Outcome.VERIFIED, "verified (not measured)", "verify",
                                cases_checked=prep.cases_checked, seconds=prep.seconds,
                                evidence={"isolation": prep.extra.get("isolation")})
             return Verdict(Outcome.NOT_FASTER, "verified (not measured)", "verify",

