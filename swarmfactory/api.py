@@ -28,7 +28,7 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
         verdict = harness.evaluate(problem, source, cases)
     finally:
         harness.close()
-    cand = candidate_record(problem, source, agent="user", operator="eval")
+    cand = candidate_record(problem, source, agent="user", operator="eval", backend=problem.backend)
     eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
     return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
             "problem": problem.name, "validation_version": vversion}

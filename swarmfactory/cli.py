@@ -160,10 +160,11 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
     from swarmfactory.problems import list_problems, load_problem
 
     rows = []
-    for name in list_problems():
+    for name in list_problems(gpu=True):
         p = load_problem(name)
         combos = [dict(zip(p.knobs, c)) for c in itertools.product(*p.knobs.values())] if p.knobs else []
-        rows.append({"name": p.name, "version": p.version, "abi": p.c_signature,
+        rows.append({"name": p.name, "version": p.version,
+                     "abi": p.c_signature if p.backend == "c" else f"{p.backend}: {p.py_signature}",
                      "workload": [dict(s) for s in p.workload], "tolerance": vars(p.tolerance),
                      "knobs": {k: list(v) for k, v in p.knobs.items()},
                      "design_space": sum(1 for k in combos if p.valid_knobs(k)),
@@ -185,7 +186,7 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
 
 @app.command("eval")
 def eval_cmd(
-    source: Path = typer.Argument(..., metavar="KERNEL.c", help="the kernel's C source file"),
+    source: Path = typer.Argument(..., metavar="KERNEL", help="the kernel's source file: C, or for a GPU problem Triton (.py), CUDA C++ or PTX"),
     problem: str = typer.Option(..., "--problem", "-p", metavar="NAME|PATH",
                                 help="problem name or path to a problem .py"),
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
@@ -218,7 +219,8 @@ def eval_cmd(
 def _print_verdict(res: dict) -> None:
     from swarmfactory.ui import compact_table, num, shape_text, speedup_ci
 
-    color = {"faster": "green", "not_faster": "yellow", "verified": "yellow"}.get(res["outcome"], "red")
+    color = {"faster": "green", "not_faster": "yellow", "verified": "yellow",
+             "needs_device": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)
@@ -345,6 +347,9 @@ def run_cmd(
         print(json.dumps(summary, default=str))
         return
     _print_summary(summary, wide)
+    if any(p["outcomes"].get("verified") for p in summary["problems"]):
+        out.print("verified, not measured: GPU problems verified under Triton's interpreter (small shapes); timing, "
+                  "and so champions, need an NVIDIA GPU (docs/gpu.md)", markup=False, soft_wrap=True)
     out.print(f"store: {st.url}   show again: swarmfactory show {run_id}{store_flag}", markup=False,
               soft_wrap=True)
 

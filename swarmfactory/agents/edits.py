@@ -17,8 +17,13 @@ class EditError(Exception):
         self.kind = kind
 
 
-def extract_source(answer: str, parent: str | None, symbol: str) -> tuple[str, str]:
-    """Returns (source, how) with how in {"rewrite", "edit"}; raises EditError."""
+FENCE_LANGS = {"c": ("", "c", "cpp", "c++", "h"), "triton": ("", "python", "py", "triton"),
+               "cuda": ("", "cuda", "cu", "cpp", "c++", "c"), "ptx": ("", "ptx", "asm")}
+
+
+def extract_source(answer: str, parent: str | None, symbol: str, backend: str = "c") -> tuple[str, str]:
+    """Returns (source, how) with how in {"rewrite", "edit"}; raises EditError. ``backend`` says
+    which fenced blocks are source (```c, ```python, ```cuda, ```ptx)."""
     text = (answer or "").strip()
     if not text:
         raise EditError("empty", "the model returned an empty answer")
@@ -35,13 +40,16 @@ def extract_source(answer: str, parent: str | None, symbol: str) -> tuple[str, s
             else:
                 raise EditError("apply_error", f"SEARCH block {i} of {len(edits)} does not occur in the parent")
         return src, "edit"
-    blocks = [b for lang, b in FENCE.findall(text) if lang.lower() in ("", "c", "cpp", "c++", "h")]
-    blocks = [b for b in blocks if re.search(rf"\b{re.escape(symbol)}\s*\(", b)]
+    langs = FENCE_LANGS.get(backend, FENCE_LANGS["c"])
+    blocks = [b for lang, b in FENCE.findall(text) if lang.lower() in langs]
+    pattern = rf"\.entry\s+{re.escape(symbol)}\s*\(" if backend == "ptx" else rf"\b{re.escape(symbol)}\s*\("
+    blocks = [b for b in blocks if re.search(pattern, b)]
     if blocks:
         return max(blocks, key=len).strip() + "\n", "rewrite"
-    if re.search(rf"\bvoid\s+{re.escape(symbol)}\s*\(", text) and "#include" in text:
+    if backend == "c" and re.search(rf"\bvoid\s+{re.escape(symbol)}\s*\(", text) and "#include" in text:
         return text + "\n", "rewrite"  # an unfenced but complete file
-    raise EditError("parse_error", f"no fenced C block defining {symbol}() and no SEARCH/REPLACE edit")
+    what = {"c": "C", "triton": "Python (Triton)", "cuda": "CUDA", "ptx": "PTX"}.get(backend, backend)
+    raise EditError("parse_error", f"no fenced {what} block defining {symbol}() and no SEARCH/REPLACE edit")
 
 
 def _loose(s: str) -> str:

@@ -87,9 +87,15 @@ class LLMAgent(Agent):
     def _next_request(self, board: Board):
         """(messages, parent id, parent source, operator, problem, generation) or None."""
         p = board.problem
-        system = render_prompt("system.md.j2", arch=cpu_fingerprint()["arch"],
-                               features=", ".join(cpu_fingerprint()["features"]) or "baseline ISA",
-                               signature=p.c_signature)
+        if p.backend == "c":
+            system = render_prompt("system.md.j2", arch=cpu_fingerprint()["arch"],
+                                   features=", ".join(cpu_fingerprint()["features"]) or "baseline ISA",
+                                   signature=p.c_signature)
+        else:  # a prompt per GPU backend: Triton, CUDA C++, PTX
+            from swarmfactory.backends.gputools import target_arch
+
+            system = render_prompt(f"system.{p.backend}.md.j2", arch=target_arch(), symbol=p.name,
+                                   signature=p.py_signature if p.backend == "triton" else p.c_signature)
         failed = self._to_repair(board)
         if failed is not None and self.store is not None:
             cand = self.store.candidate(failed.candidate_id)
@@ -182,10 +188,10 @@ class LLMAgent(Agent):
         try:
             text, usage = self.client.chat(messages, self._max_tokens(messages), self.temperature)
             try:
-                source, how = extract_source(text, parent_src, problem.name)
+                source, how = extract_source(text, parent_src, problem.name, problem.backend)
                 gen = (parent.generation + 1) if parent else 0
                 if operator == "repair":
-                    self.repairs.add(content_hash(source, "c"))
+                    self.repairs.add(content_hash(source, problem.backend))
                 proposal = Proposal(source, self.name, f"{operator}-{how}", None,
                                     [parent.candidate_id] if parent else [], gen)
             except EditError as exc:

@@ -11,7 +11,8 @@ from importlib.metadata import entry_points
 
 from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError
 
-_IN_TREE = {"c": "swarmfactory.backends.c:CBackend"}
+_IN_TREE = {"c": "swarmfactory.backends.c:CBackend", "triton": "swarmfactory.backends.triton:TritonBackend",
+            "cuda": "swarmfactory.backends.cuda:CUDABackend", "ptx": "swarmfactory.backends.ptx:PTXBackend"}
 _INSTANCES: dict[str, Backend] = {}
 
 __all__ = ["Artifact", "Backend", "BuildError", "CheatError", "get_backend", "backend_names"]

@@ -91,6 +91,10 @@ class Harness:
     # -- stages ---------------------------------------------------------------------------------
     def prepare(self, problem: Problem, source: str, cases: list[Case] | None = None) -> Prepared:
         """Static checks, build, verification. Thread-safe."""
+        if problem.backend != "c":  # Triton, CUDA, PTX: harness/gpu.py
+            from swarmfactory.harness import gpu
+
+            return gpu.prepare(self, problem, source, cases)
         t0 = time.monotonic()
         prep = Prepared(problem, source)
         cases = cases if cases is not None else problem.seed_cases()
@@ -115,6 +119,10 @@ class Harness:
 
     def measure(self, prep: Prepared) -> Verdict:
         """Interleaved timing against the baseline and the eager reference. One at a time."""
+        if prep.problem.backend != "c":
+            from swarmfactory.harness import gpu
+
+            return gpu.measure(self, prep)
         t0 = time.monotonic()
         with self.measure_lock, self._off_measure_cpus():
             try:

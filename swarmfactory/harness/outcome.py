@@ -15,6 +15,7 @@ class Outcome(str, Enum):
     NOT_FASTER = "not_faster"
     FASTER = "faster"
     VERIFIED = "verified"   # passed verification and was never measured: no speed claim either way
+    NEEDS_DEVICE = "needs_device"   # built (CUDA, PTX); verifying and timing it need a GPU this machine lacks
 
     @property
     def correct(self) -> bool:

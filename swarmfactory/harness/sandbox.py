@@ -51,6 +51,11 @@ def kill_all() -> None:
     for w in workers:
         w.kill()
     candidate.kill_all()
+    import sys
+
+    gpu = sys.modules.get("swarmfactory.harness.gpu")  # loaded only where a GPU problem ran
+    if gpu is not None:
+        gpu.kill_all()
 
 
 def worker_env(tmpdir: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from swarmfactory.problems.spec import Arg, Case, Problem, Roofline, Tolerance, check_problem
 from swarmfactory.problems.suites.cpu import NAMES as CPU_NAMES
+from swarmfactory.problems.suites.gpu import NAMES as GPU_NAMES
 
 __all__ = ["Arg", "Case", "Problem", "Roofline", "Tolerance", "load_problem", "list_problems",
            "resolve_problems", "ProblemError"]
@@ -59,10 +60,13 @@ def load_problem(name_or_path: str) -> Problem:
     elif name_or_path in CPU_NAMES:
         module = importlib.import_module(f"swarmfactory.problems.suites.cpu.{name_or_path}")
         problem = _with_source(_from_module(module, name_or_path), f"swarmfactory.problems.suites.cpu.{name_or_path}")
+    elif name_or_path in GPU_NAMES:
+        module = importlib.import_module(f"swarmfactory.problems.suites.gpu.{name_or_path}")
+        problem = _with_source(_from_module(module, name_or_path), f"swarmfactory.problems.suites.gpu.{name_or_path}")
     else:
         eps = {ep.name: ep for ep in entry_points(group="swarmfactory.problems")}
         if name_or_path not in eps:
-            known = ", ".join(list(CPU_NAMES) + sorted(eps))
+            known = ", ".join(list(CPU_NAMES) + list(GPU_NAMES) + sorted(eps))
             raise ProblemError(f"unknown problem {name_or_path!r}; known: {known} (or pass a .py path)")
         obj = eps[name_or_path].load()
         problem = obj if isinstance(obj, Problem) else _from_module(obj, name_or_path)
@@ -87,15 +91,20 @@ def problem_from_source(source: str) -> Problem:
     return _with_source(_from_module(module, source), source)
 
 
-def list_problems() -> list[str]:
-    names = list(CPU_NAMES)
+def list_problems(gpu: bool = False) -> list[str]:
+    """The CPU suite and entry points; with ``gpu`` the GPU suite too (``all`` stays the CPU
+    suite: the GPU problems are named one by one, or as ``gpu``)."""
+    names = list(CPU_NAMES) + (list(GPU_NAMES) if gpu else [])
     names += sorted(ep.name for ep in entry_points(group="swarmfactory.problems") if ep.name not in names)
     return names
 
 
 def resolve_problems(spec: str) -> list[Problem]:
-    """``all`` or a comma-separated list of names and paths."""
-    items = list_problems() if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    """``all`` (the CPU suite), ``gpu`` (the GPU suite) or a comma-separated list of names and paths."""
+    if spec.strip() == "gpu":
+        items = list(GPU_NAMES)
+    else:
+        items = list_problems() if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     if not items:
         raise ProblemError("no problems given; use --problems all or a comma-separated list")
     return [load_problem(i) for i in items]

@@ -15,6 +15,10 @@ harness needs is declared here, so adding an op is adding one file. Contract:
   in PyTorch. ``fn`` may allocate its result; it returns a tensor, or a tuple of tensors in
   the order of the ``out`` args.
 * ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel.
+* ``backend`` other than ``"c"`` (``triton``, ``cuda``, ``ptx``): the same args reach the kernel
+  as torch tensors on the device and Python scalars (docs/gpu.md); a Triton template renders
+  ``{{ signature }}`` as the launcher's ``def`` line; ``interpret_shapes`` are the small shapes
+  verified under Triton's interpreter where there is no GPU.
 """
 
 from __future__ import annotations
@@ -127,10 +131,24 @@ class Problem:
     # The op family (norm, gated_activation, softmax, rope, quantized_matvec, attention...): what
     # lessons and the cost model carry between problems; not part of the spec hash. "" unknown.
     family: str = ""
+    # What a candidate is written in: "c" (the C ABI above), or a GPU backend ("triton", "cuda",
+    # "ptx": the same args, as torch tensors on the device; see harness/gpu.py).
+    backend: str = "c"
+    # GPU problems: the small shapes verified under Triton's interpreter on a machine without a
+    # GPU (the interpreter runs kernels in numpy, ~1e4x slower than a device).
+    interpret_shapes: tuple[Mapping[str, int], ...] = ()
+    # GPU problems: the model config the workload's shapes come from (e.g. "Llama-3-8B").
+    shapes_from: str = ""
 
     @property
     def c_signature(self) -> str:
         return f"void {self.name}({', '.join(a.c_decl() for a in self.args)})"
+
+    @property
+    def py_signature(self) -> str:
+        """The launcher a GPU candidate defines: the same args, in order, as torch tensors (in and
+        out, on the device) and Python scalars."""
+        return f"def {self.name}({', '.join(a.name for a in self.args)})"
 
     @property
     def c_prototype(self) -> str:
@@ -158,6 +176,9 @@ class Problem:
             "dists": self.dists, "tol": dataclasses.asdict(self.tolerance),
             "template": self.template, "knobs": {k: list(v) for k, v in self.knobs.items()},
             "baselines": sorted(self.baselines),  # speedups are relative to them
+            # only where set, so every C problem keeps the hash its evidence was recorded under
+            **({"backend": self.backend, "interpret": [dict(s) for s in self.interpret_shapes]}
+               if self.backend != "c" else {}),
         }, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -223,7 +244,8 @@ class Problem:
             raise ValueError(f"unknown knob(s) for {self.name}: {', '.join(sorted(unknown))}")
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True,
                                  lstrip_blocks=True, keep_trailing_newline=True)
-        return env.from_string(self.template).render(**values, signature=self.c_signature)
+        signature = self.c_signature if self.backend == "c" else self.py_signature
+        return env.from_string(self.template).render(**values, signature=signature)
 
     def valid_shape(self, shape: Shape) -> bool:
         if set(shape) != set(self.workload[0]) or any(int(v) < 1 for v in shape.values()):
@@ -301,7 +323,12 @@ def check_problem(problem: Problem) -> None:
         for k, v in problem.knob_defaults.items():
             if v not in problem.knobs[k]:
                 raise ValueError(f"{problem.name}: default {k}={v!r} is not among its values")
-    shape = problem.workload[0]  # the shape that matters; an edge shape may be degenerate (1x1)
+    # the shape that matters (an edge shape may be degenerate, 1x1); a GPU problem's workload
+    # can be too large for a float64 reference on a CPU: its largest interpreter shape instead
+    import math
+
+    shape = (max(problem.interpret_shapes, key=lambda s: math.prod(s.values())) if problem.interpret_shapes
+             else problem.workload[0])
     outs = []
     for seed in (1, 2):
         inputs = problem.make_inputs(shape, np.random.default_rng(seed), problem.dists[0])

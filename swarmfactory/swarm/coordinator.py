@@ -322,7 +322,7 @@ class Coordinator:
                 if cid in st.pending or cand is None:
                     continue
                 return st, Proposal(cand["source"], cand["agent"], cand["operator"], cand["knobs"],
-                                    list(cand["parents"] or []), cand["generation"]), cid
+                                    list(cand["parents"] or []), cand["generation"], cand["backend"]), cid
         return None
 
     def _next_job(self, states: dict[str, ProblemState], turn: int, budget_left):
@@ -343,6 +343,7 @@ class Coordinator:
                     props = []
                 fresh = None
                 for prop in props:
+                    prop.backend = st.problem.backend  # what the candidate is written in
                     cid = prop.candidate_id
                     if cid in st.seen:
                         self.duplicates += 1

@@ -79,7 +79,8 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
         problems.append({
             "designs": designs,
             "problem": problem.name, "evaluations": len(search), "outcomes": dict(outcomes),
-            "rejected": {k: v for k, v in outcomes.items() if k not in ("faster", "not_faster")},
+            # verified and not measured (e.g. a GPU problem on a machine without a GPU) is no rejection
+            "rejected": {k: v for k, v in outcomes.items() if k not in ("faster", "not_faster", "verified")},
             "champion": champ, "started_from": started, "best_curve": best_curve,
             "seconds": round(sum(e["seconds"] for e in mine), 1)})
     agents: dict[str, Counter] = defaultdict(Counter)
@@ -97,7 +98,7 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
         agents[a]["proposals"] += 1
         agents[a][e["outcome"]] += 1
     board = [{"agent": a, **dict(c), "champions": champ_agents.get(a, 0),
-              "correct": c["faster"] + c["not_faster"]} for a, c in sorted(agents.items())]
+              "correct": c["faster"] + c["not_faster"] + c["verified"]} for a, c in sorted(agents.items())]
     llm: dict[str, Counter] = defaultdict(Counter)
     for call in store.llm_calls(run_id):
         row = llm[f"{call['agent']}|{call['model']}"]
