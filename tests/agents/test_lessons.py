@@ -16,6 +16,7 @@ from swarmfactory.agents.base import Board, Entry
 from swarmfactory.agents.crossover import CrossoverAgent
 from swarmfactory.agents.knobs import KnobAgent, RandomRestartAgent
 from swarmfactory.agents.base import candidate_record
+from swarmfactory.swarm.executors import Executor
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.knowledge.analyst import MIN_PAIRS, Analyst
@@ -266,7 +267,7 @@ def test_the_llm_prompt_carries_lessons_and_timings(tmp_path, rmsnorm):
 
 
 # -- the coordinator --------------------------------------------------------------------------------------
-class ModelExecutor:
+class ModelExecutor(Executor):
     """Verdicts from a speed model of the configuration a source renders (the ``Executor`` seam):
     the coordinator's loop, dedupe, records and analyst run for real, without building kernels."""
 
