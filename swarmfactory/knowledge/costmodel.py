@@ -18,8 +18,9 @@ Features (names are shared across problems, so a knob or a family seen before me
 * knobs: numeric values as log2 under the knob's name, other values one-hot ``name=value``, and
   ``threads_on`` (any parallel scheme against ``none``), the knob every template has.
 
-Rows of the problem being searched, on this machine, get ``OWN_WEIGHT`` times the weight of the
-rest: as evidence of its own accumulates it dominates what was transferred.
+Rows of the problem being searched, on this machine, weigh at least ``OWN_WEIGHT`` times a
+transferred row, and together grow to the weight of everything transferred by ``OWN_SHARE_AT``
+rows of their own: as its own evidence accumulates it takes over from what was transferred.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any, Iterable
 import numpy as np
 
 FAIL = -2.0          # relative log speedup a failed configuration trains as (e^-2: 7x below the median)
-OWN_WEIGHT = 4.0     # weight of a row of the searched problem on this machine
+OWN_WEIGHT = 4.0     # least weight of a row of the searched problem on this machine
+OWN_SHARE_AT = 20    # own rows at which they weigh as much as all transferred rows together
 MAX_ROWS = 6000      # most recent rows a model trains on (the store can hold far more)
 CORRECT = ("faster", "not_faster")
 FAILED = ("wrong", "crashed", "timed_out", "build_failed", "cheated")
@@ -210,7 +212,13 @@ class CostModel:
         self.vocab = sorted({k for r in rows for k in r.features})
         X = self._matrix([r.features for r in rows])
         y = np.array([r.target for r in rows])
-        w = np.array([OWN_WEIGHT if own and (r.problem, r.hardware_id) == own else 1.0 for r in rows])
+        mine = np.array([bool(own) and (r.problem, r.hardware_id) == own for r in rows])
+        n_own, n_other = int(mine.sum()), int((~mine).sum())
+        # the searched problem's own rows weigh OWN_WEIGHT each at least, and together up to as much
+        # as everything transferred once it has OWN_SHARE_AT rows of its own
+        share = min(1.0, n_own / OWN_SHARE_AT)
+        w_own = max(OWN_WEIGHT, share * n_other / n_own) if n_own else 0.0
+        w = np.where(mine, w_own, 1.0)
         rng = np.random.default_rng(self.seed)
         self.fitted = []
         for _ in range(self.models):
