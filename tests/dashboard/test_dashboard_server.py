@@ -195,8 +195,10 @@ def test_cli_serves_until_interrupted_and_reports_a_busy_port(tmp_path):
     db = tmp_path / "e.db"
     ids = kernel_run(str(db))
     before = db.stat().st_mtime_ns
+    # a shell's background job inherits SIGINT ignored; a terminal's Ctrl-C reaches a default one
     proc = subprocess.Popen([entry_point(), "dashboard", "--store", str(db), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env())
+                            stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         url = re.search(r"(http://127\.0\.0\.1:\d+/)", line).group(1)
