@@ -33,7 +33,8 @@ DEFAULT_NATIVE_DECODE = 32
 # Kernel names with a prefix name a native shared object with the kernel factory's q4_1_matmul
 # ABI (engine/native_seam.py) instead of a registered kernel class.
 KERNEL_PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
-                   "champion": "champion:q4_1_matmul (the evidence store's champion for this hardware)"}
+                   "champion": "champion:q4_1_matmul[@CANDIDATE] (the evidence store's champion for this "
+                               "hardware, or the candidate pinned, which must have passed the harness here)"}
 NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
 
 
@@ -51,7 +52,9 @@ class EngineConfig(BaseModel):
       (see ``kernels.default_kernel``). Names come from the kernel registry, or name a native
       shared object with the kernel factory's q4_1_matmul ABI (``engine/native_seam.py``):
       ``so:PATH`` (a built library on disk) or ``champion:q4_1_matmul`` (the evidence store's
-      current champion for this hardware, built with the C backend).
+      current champion for this hardware, built with the C backend); ``champion:q4_1_matmul@ID``
+      pins candidate ``ID`` (it must have passed the harness on this hardware), which is how an
+      engine design names the champion it was verified with.
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
       fp32 is much cheaper per call than in bf16, which dominates decode attention here.
     - ``dense_above``: q4_1 only; op -> rows. A call of that op with more rows (tokens in the
@@ -67,6 +70,12 @@ class EngineConfig(BaseModel):
     - ``native_prefill``: prompt tokens per step the native decoder takes along with its decode
       rows (at most ``prefill_chunk``); a step with more runs on torch. ``None``: measured on
       this machine; 0: prompts always run on torch. Needs the native decoder.
+    - ``attention``: torch decode attention. ``padded`` (default): one batched matmul over the
+      longest context in the step, shorter ones masked, so a sequence's softmax and sums run
+      over a length that depends on the others (bitwise, not mathematically: tokens can flip at
+      near ties when the batch changes). ``exact``: each sequence over exactly its own context,
+      the same operations whatever else is in the step (batch invariant; one small matmul per
+      sequence, slower at large batch). The native decoder is always exact.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +91,7 @@ class EngineConfig(BaseModel):
     dense_above: dict[str, int] | None = None
     native_decode: int | None = Field(default=None, ge=0)
     native_prefill: int | None = Field(default=None, ge=0)
+    attention: Literal["padded", "exact"] = "padded"
 
     @model_validator(mode="after")
     def _native_applies(self) -> "EngineConfig":
@@ -152,9 +162,13 @@ def _kernel_name_problem(op: str, name: str) -> str | None:
                 f"(known: {', '.join(KERNEL_PREFIXES.values())})")
     if not rest.strip():
         return f"{name!r} for op {op!r} names nothing after {prefix + ':'!r} (expected {KERNEL_PREFIXES[prefix]})"
-    if prefix == "champion" and rest not in NATIVE_PROBLEMS:
-        return (f"{name!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear "
-                f"ops (the engine calls that problem's C ABI)")
+    if prefix == "champion":
+        problem, at, pin = rest.partition("@")
+        if problem not in NATIVE_PROBLEMS:
+            return (f"{name!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear "
+                    f"ops (the engine calls that problem's C ABI)")
+        if at and not (pin and all(c in "0123456789abcdef" for c in pin)):
+            return f"{name!r} for op {op!r}: a pinned champion is @CANDIDATE_ID (hex), got {pin!r}"
     return None
 
 

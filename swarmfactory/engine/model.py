@@ -64,6 +64,7 @@ class Llama:
         self.group = hp.n_heads // hp.n_kv_heads
         self.eps = hp.norm_eps
         self.scale = 1.0 / self.hd**0.5
+        self.exact_attention = cfg.attention == "exact"
         kernels = cfg.kernels
         dense_above = dense_above or {}
         dt = self.dtype
@@ -133,6 +134,8 @@ class Llama:
         CPU. The G query heads sharing a kv head form the rows of one small matmul.
         """
         B, KV, G, D, L = q.shape[0], self.n_kv, self.group, self.hd, s.decode_len
+        if self.exact_attention:
+            return self._exact_decode_attention(q, cache, s)
         if s.decode_range is not None:
             a, b = s.decode_range
             k, v = cache[0, a:b, :, :L], cache[1, a:b, :, :L]
@@ -144,6 +147,20 @@ class Llama:
         if s.decode_bias is not None:
             scores.view(B, KV, G, L).add_(s.decode_bias)
         return torch.bmm(torch.softmax(scores, dim=-1), v).view(B, KV * G * D)
+
+    def _exact_decode_attention(self, q: torch.Tensor, cache: torch.Tensor, s: StepInput) -> torch.Tensor:
+        """``attention: exact``: each sequence against exactly its own context, with the same
+        operations (and shapes) whatever else is in the step, so batching never changes its sums."""
+        B, KV, G, D = q.shape[0], self.n_kv, self.group, self.hd
+        slots = (range(*s.decode_range) if s.decode_range is not None else s.decode_slots.tolist())
+        lens = (s.positions[:B] + 1).tolist()
+        out = torch.empty(B, KV * G * D, dtype=q.dtype)
+        for i, (slot, n) in enumerate(zip(slots, lens)):
+            k, v = cache[0, slot, :, :n], cache[1, slot, :, :n]  # [KV, n, D] views
+            scores = torch.baddbmm(self._zero, q[i].reshape(KV, G, D), k.transpose(1, 2), beta=0.0,
+                                   alpha=self.scale)
+            out[i] = torch.bmm(torch.softmax(scores, dim=-1), v).view(KV * G * D)
+        return out
 
     @torch.inference_mode()
     def forward(self, s: StepInput, kv: KVCache) -> torch.Tensor:

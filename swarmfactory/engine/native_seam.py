@@ -6,7 +6,12 @@ A config names one per op (``EngineConfig.kernels``):
 - ``champion:q4_1_matmul``: the current champion of that problem for this hardware in the
   evidence store (``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``), built from its
   source with the C backend exactly as the harness built it (same flags and checks, same
-  build cache), then loaded.
+  build cache), then loaded;
+- ``champion:q4_1_matmul@ID``: candidate ``ID`` (a prefix will do), pinned. It must have been
+  that problem's champion on this hardware (this version of the problem) and its latest
+  evaluation here must still be correct. Engine designs name kernels this way, so a design's
+  identity (and its verification) covers the exact kernel; when the champion moves on, the
+  design that names the new one is another design, verified and measured afresh.
 
 The ABI is the problem's (``problems/suites/cpu/q4_1_matmul.py``)::
 
@@ -227,7 +232,29 @@ def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: boo
     return _FILES[key]
 
 
-def _champion_class(spec: str, problem_name: str, check: bool) -> type[NativeLinear]:
+def pinned_problem(spec: str) -> tuple[str, str | None]:
+    """``champion:PROBLEM[@ID]`` -> (PROBLEM, ID or None)."""
+    problem, _, pin = spec.partition(":")[2].partition("@")
+    return problem, pin or None
+
+
+def passed_here(store, problem, cand_id: str) -> str | None:
+    """Why candidate ``cand_id`` may not run as a pinned champion on this hardware, or None: it
+    must have been a champion of ``problem`` (this version) here, and its latest evaluation here
+    must still be correct (a case found later that breaks it retires the pin too)."""
+    history = [r for r in store.champion_history(problem.name) if r["problem_spec"] == problem.spec_hash()]
+    if not any(r["candidate_id"] == cand_id for r in history):
+        return (f"candidate {cand_id} was never a champion of {problem.name} (this version of the problem) "
+                "on this hardware")
+    evs = [e for e in store.evaluations(problem=problem.name, candidate_id=cand_id, this_hardware=True)
+           if e["problem_spec"] == problem.spec_hash()]
+    if not evs or evs[-1]["outcome"] not in ("faster", "not_faster", "verified"):
+        last = evs[-1]["outcome"] if evs else "no evaluation"
+        return f"candidate {cand_id} no longer passes the harness on this hardware (latest: {last})"
+    return None
+
+
+def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None = None) -> type[NativeLinear]:
     from swarmfactory.backends.base import BuildError, CheatError
     from swarmfactory.backends.c import CBackend
     from swarmfactory.evidence.store import Store, StoreError
@@ -242,12 +269,27 @@ def _champion_class(spec: str, problem_name: str, check: bool) -> type[NativeLin
     except StoreError as e:
         raise KernelError(f"{spec}: {e}") from None
     try:
-        champ = store.champion(problem)
-        cand = store.candidate(champ["candidate_id"]) if champ else None
         where = store.url
+        champ = store.champion(problem)
+        if pin:
+            exact = store.candidate(pin)
+            matches = [exact] if exact and exact["problem"] == problem.name else \
+                [c for c in store.candidates(problem.name) if c["id"].startswith(pin)]
+            if len(matches) != 1:
+                raise KernelError(f"{spec}: {'no' if not matches else 'more than one'} candidate {pin} of "
+                                  f"{problem_name} in {where}")
+            cand = matches[0]
+            why = passed_here(store, problem, cand["id"])
+            if why:
+                raise KernelError(f"{spec}: {why}; it is not run (an engine design naming it must be tuned again: "
+                                  "swarmfactory engine tune)")
+            speedup = champ.get("speedup") if champ and champ["candidate_id"] == cand["id"] else None
+        else:
+            cand = store.candidate(champ["candidate_id"]) if champ else None
+            speedup = champ.get("speedup") if champ else None
     finally:
         store.engine.dispose()
-    if champ is None:
+    if cand is None and champ is None:
         raise KernelError(f"{spec}: no champion of {problem_name} for this hardware (and this version of the "
                           f"problem) in {where}; run the kernel factory on it first "
                           f"(`swarmfactory run --problems {problem_name}`)")
@@ -265,8 +307,26 @@ def _champion_class(spec: str, problem_name: str, check: bool) -> type[NativeLin
     except (BuildError, CheatError) as e:
         raise KernelError(f"{spec}: champion {cand['id']} did not build: {e}") from None
     path = Path(art.path)
-    lib = _load(path, spec, _sha256(path), origin=where, candidate=cand["id"], speedup=champ.get("speedup"))
+    lib = _load(path, spec, _sha256(path), origin=where, candidate=cand["id"], speedup=speedup)
     return _class(lib, check)
+
+
+def current_champion(problem_name: str = PROBLEM, store=None) -> str | None:
+    """The candidate id of ``problem_name``'s champion on this hardware, or None (no store, none)."""
+    from swarmfactory.evidence.store import Store, StoreError
+    from swarmfactory.problems import load_problem
+
+    own = store is None
+    try:
+        store = store or Store(None, create=False)
+    except StoreError:
+        return None
+    try:
+        champ = store.champion(load_problem(problem_name))
+        return champ["candidate_id"] if champ else None
+    finally:
+        if own:
+            store.engine.dispose()
 
 
 def resolve(spec: str, refresh: bool = False) -> type[NativeLinear]:
@@ -279,10 +339,11 @@ def resolve(spec: str, refresh: bool = False) -> type[NativeLinear]:
     if prefix == "so":
         return kernel_class(rest, check=check)
     if prefix == "champion":
-        if rest not in NATIVE_PROBLEMS:
+        problem, pin = pinned_problem(spec)
+        if problem not in NATIVE_PROBLEMS:
             raise KernelError(f"{spec}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear ops")
         if refresh or (spec, check) not in _CHAMPIONS:
-            _CHAMPIONS[spec, check] = _champion_class(spec, rest, check)
+            _CHAMPIONS[spec, check] = _champion_class(spec, problem, check, pin)
         return _CHAMPIONS[spec, check]
     raise KernelError(f"unknown kernel prefix {prefix + ':'!r} in {spec!r} "
                       f"(known: {', '.join(KERNEL_PREFIXES.values())})")

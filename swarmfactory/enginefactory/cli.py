@@ -89,7 +89,11 @@ def tune_cmd(
     seed: int = typer.Option(0, help="seed of the agents and prompts"),
     set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE fixed by the deployment, e.g. threads=1 "
                                    "(repeatable; knobs: native_decode, native_prefill, dense, kv_dtype, "
-                                   "prefill_chunk, max_batch, threads)"),
+                                   "prefill_chunk, max_batch, threads, kernels=builtin|champion)"),
+    screen: float = typer.Option(0.10, min=0.0, max=0.9, help="screening: a design whose short first measurement "
+                                 "(first workload, one wave per level) is more than this fraction under the "
+                                 "champion's is not measured in full"),
+    no_screen: bool = typer.Option(False, "--no-screen", help="measure every verified design in full"),
     resume: Optional[str] = typer.Option(None, help="continue an interrupted tune run (RUN_ID)"),
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=STORE_HELP),
     debug: bool = typer.Option(False, help="show tracebacks"),
@@ -104,7 +108,7 @@ def tune_cmd(
         cfg = None if resume else TuneConfig(
             model=model, weights=weights, concurrency=parse_levels(concurrency), workloads=parse_workloads(workloads),
             prompts_per_stream=prompts_per_stream, time_s=parse_duration(time_), budget=budget, ttft_p99_s=ttft_p99,
-            seed=seed, fixed=_fixed(set_))
+            seed=seed, fixed=_fixed(set_), screen=None if no_screen else screen)
     except (TuneError, ValueError) as e:
         _fail(str(e))
     st = _open(store, create=not resume)
@@ -166,6 +170,9 @@ def profiles_cmd(
         t.add_column(col, overflow="fold")
     for p in profs:
         here = p.mismatch(p.model_sha256, hw, tools)  # model checked by serve against the file it loads
+        if here is None:
+            blocked, note = p.kernel_check(st)
+            here = blocked or (f"yes; {note}" if note else None)
         t.add_row(p.id[:12], p.problem.removeprefix("engine:"), str(p.created_at)[:16], p.run_id or "-",
                   f"{p.speedup:.2f}x" if p.speedup else "-", f"{p.hardware.get('model', '?')}",
                   "yes" if here is None else here, p.description)
@@ -203,10 +210,14 @@ def profile_config(profile: str, model: Optional[str], store: Optional[str]):
         from .verify import model_digest
 
         why = prof.mismatch(model_digest(model_path), st.hardware["id"], current_tools())
+        note = None
+        if why is None:
+            why, note = prof.kernel_check(st)
         if why:
             _fail(f"profile {prof.id[:12]} {why}: it has not passed on this machine with this model; "
                   "run swarmfactory engine tune here")
-        line = f"profile {prof.id[:12]} (engine tune run {prof.run_id}): {prof.description}"
+        line = f"profile {prof.id[:12]} (engine tune run {prof.run_id}): {prof.description}" + \
+            (f" - note: {note}" if note else "")
     if prof is None:
         return None, line
     import yaml

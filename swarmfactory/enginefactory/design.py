@@ -33,10 +33,21 @@ KNOBS: dict[str, tuple] = {
     "prefill_chunk": (64, 128, 256, 512),
     "max_batch": (16, 32, 64, 128),
     "threads": (0, 1),                               # 0: one per core
+    "kernels": ("builtin", "champion"),              # the Q4_1 ops on the kernel factory's champion
+    "attention": ("padded", "exact"),                # torch decode attention (engine/config.py)
 }
 
 DEFAULT_KNOBS = {"native_decode": None, "native_prefill": None, "dense": "calibrated", "kv_dtype": "fp32",
-                 "prefill_chunk": 256, "max_batch": 32, "threads": 0}
+                 "prefill_chunk": 256, "max_batch": 32, "threads": 0, "kernels": "builtin",
+                "attention": "padded"}
+
+# ops stored as Q4_1 in a q4_1 GGUF (the output head is Q8_0): where a q4_1_matmul champion plugs in
+CHAMPION_OPS = ("qkv", "o", "gate_up", "down")
+CHAMPION_PROBLEM = "q4_1_matmul"
+
+
+class NoChampion(ConfigError):
+    """A design asks for the kernel factory's champion where there is none."""
 
 
 @dataclass(frozen=True)
@@ -52,20 +63,44 @@ class Design:
         k = self.knobs
         nd = "calibrated" if k["native_decode"] is None else k["native_decode"]
         np_ = "calibrated" if k["native_prefill"] is None else k["native_prefill"]
-        return (f"native_decode={nd} native_prefill={np_} dense={k['dense']} kv={k['kv_dtype']} "
-                f"chunk={k['prefill_chunk']} max_batch={k['max_batch']} threads={k['threads'] or 'all'}")
+        out = (f"native_decode={nd} native_prefill={np_} dense={k['dense']} kv={k['kv_dtype']} "
+               f"chunk={k['prefill_chunk']} max_batch={k['max_batch']} threads={k['threads'] or 'all'}")
+        if k.get("kernels", "builtin") != "builtin":
+            out += f" kernels={CHAMPION_PROBLEM}@{(self.champion or '?')[:12]}"
+        return out
+
+    @property
+    def champion(self) -> str | None:
+        """The kernel candidate this design's Q4_1 ops run (pinned in its config), or None."""
+        for name in self.config.kernels.values():
+            if name.startswith(f"champion:{CHAMPION_PROBLEM}@"):
+                return name.partition("@")[2]
+        return None
+
+
+# config keys added after designs were first recorded: hashed only when not at their default, so
+# a design recorded before a key existed keeps its identity
+LATER_KEYS = {"attention": "padded"}
 
 
 def design_key(cfg: EngineConfig) -> str:
-    blob = json.dumps(cfg.model_dump(), sort_keys=True)
+    data = cfg.model_dump()
+    for k, default in LATER_KEYS.items():
+        if data.get(k) == default:
+            data.pop(k)
+    blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(("engine-design\n" + blob).encode()).hexdigest()[:20]
 
 
-def build(knobs: dict, base: EngineConfig) -> Design:
+def build(knobs: dict, base: EngineConfig, champion: str | None = None) -> Design:
     """The design for ``knobs`` on top of the run's base config (model, weights, max_seq_len).
 
+    ``kernels=champion`` runs the Q4_1 ops on the kernel factory's ``q4_1_matmul`` champion
+    ``champion`` (a candidate id), pinned in the config (``champion:q4_1_matmul@ID``): the design's
+    key then names the exact kernel, so a new champion makes a new design, verified afresh.
     Raises ConfigError for a combination the engine refuses (e.g. native decode with a bf16 KV
-    cache); agents treat that as a proposal to drop, never as an evaluation."""
+    cache) and NoChampion for ``kernels=champion`` without one; agents treat either as a
+    proposal to drop, never as an evaluation."""
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise ConfigError(f"unknown design knob(s): {', '.join(sorted(unknown))} (known: {', '.join(KNOBS)})")
@@ -76,15 +111,27 @@ def build(knobs: dict, base: EngineConfig) -> Design:
     data = base.model_dump()
     data.update(native_decode=k["native_decode"], native_prefill=k["native_prefill"],
                 dense_above=DENSE[k["dense"]], kv_dtype=k["kv_dtype"], prefill_chunk=k["prefill_chunk"],
-                max_batch=k["max_batch"], threads=k["threads"])
+                max_batch=k["max_batch"], threads=k["threads"], attention=k["attention"])
     if base.weights != "q4_1":  # these keys mean nothing for bf16/fp32: pin them so designs dedupe
         data.update(native_decode=0, native_prefill=0, dense_above=None)
-        k.update(native_decode=0, native_prefill=0, dense="calibrated")
+        k.update(native_decode=0, native_prefill=0, dense="calibrated", kernels="builtin")
+    elif k["kernels"] == "champion":
+        if not champion:
+            raise NoChampion(f"no {CHAMPION_PROBLEM} champion on this hardware for kernels=champion "
+                             f"(swarmfactory run --problems {CHAMPION_PROBLEM} makes one)")
+        # the named kernels must run, so the native decoder (its own kernels) is off
+        data.update(native_decode=0, native_prefill=0,
+                    kernels={**base.kernels, **{op: f"champion:{CHAMPION_PROBLEM}@{champion}" for op in CHAMPION_OPS}})
+        k.update(native_decode=0, native_prefill=0)
     elif k["kv_dtype"] != "fp32" or k["native_decode"] == 0:
         data.update(native_decode=0, native_prefill=0)
         k.update(native_decode=0, native_prefill=0)
     if data["native_prefill"]:
         data["native_prefill"] = min(data["native_prefill"], data["prefill_chunk"])
+    if (data["native_decode"] and data["native_decode"] >= data["max_batch"] and data["native_prefill"]
+            and data["native_prefill"] >= data["prefill_chunk"]):
+        # every step on the native decoder (always exact): torch's attention never runs
+        data["attention"], k["attention"] = "padded", "padded"
     return Design(k, EngineConfig.from_dict(data))
 
 
@@ -115,13 +162,22 @@ def random_knobs(rng: random.Random) -> dict:
     return {name: rng.choice(vals) for name, vals in KNOBS.items()}
 
 
+def torch_path(knobs: dict) -> bool:
+    """Whether the design runs every step on torch (no native decoder)."""
+    return knobs["native_decode"] == 0 or knobs["kv_dtype"] != "fp32" or knobs.get("kernels") == "champion"
+
+
 def batch_invariant(knobs: dict) -> bool:
-    """Whether every row of a step runs the same kernels whatever else is in the step: the
-    native decoder for every decode batch and every prompt chunk, or torch's int4 kernel for
-    everything (no dense copies, no native decoder). A q4_1 design that mixes paths by batch
-    size gives a sequence different tokens under load (verify.py catches it)."""
-    if knobs["native_decode"] == 0 or knobs["kv_dtype"] != "fp32":
-        return knobs["dense"] == "none"
+    """Whether every row of a step is computed by the same operations whatever else is in the
+    step: the native decoder for every decode batch and every prompt chunk, or torch for
+    everything with one kernel per op (no dense copies: torch's int4 kernel, or the kernel
+    factory's champion) and exact decode attention (each sequence over its own context, not
+    padded to the longest in the step). A q4_1 design that mixes paths by batch size, or pads
+    attention, gives a sequence different tokens at near ties under load (verify.py catches it
+    when one falls in its prompts: with a factory kernel on every Q4_1 op and padded attention,
+    prompt 2 diverged at token 8 batched on a Zen 4)."""
+    if torch_path(knobs):
+        return knobs["dense"] == "none" and knobs.get("attention", "padded") == "exact"
     return (knobs["native_decode"] is not None and knobs["native_decode"] >= knobs["max_batch"]
             and knobs["native_prefill"] is not None and knobs["native_prefill"] >= knobs["prefill_chunk"])
 
@@ -132,6 +188,9 @@ def make_invariant(knobs: dict, rng: random.Random) -> dict:
     k = dict(knobs)
     if batch_invariant(k):
         return k
+    if k.get("kernels") == "champion":  # the champion for every row: no dense copies, exact attention
+        k.update(dense="none", attention="exact")
+        return k
     native_ok = [c for c in KNOBS["prefill_chunk"] if c in KNOBS["native_prefill"]]
     if k["kv_dtype"] == "fp32" and rng.random() < 0.6 and native_ok:
         k["max_batch"] = min(k["max_batch"], max(v for v in KNOBS["native_decode"] if v))
@@ -140,7 +199,7 @@ def make_invariant(knobs: dict, rng: random.Random) -> dict:
             k["prefill_chunk"] = rng.choice(native_ok)
         k["native_prefill"] = k["prefill_chunk"]
     else:
-        k.update(native_decode=0, native_prefill=0, dense="none")
+        k.update(native_decode=0, native_prefill=0, dense="none", attention="exact")
     return k
 
 
@@ -149,6 +208,6 @@ def features(knobs: dict) -> list[float]:
     (``None``/calibrated counts as its own position)."""
     out = []
     for name, vals in KNOBS.items():
-        i = vals.index(knobs[name]) if knobs[name] in vals else 0
+        i = vals.index(knobs.get(name, DEFAULT_KNOBS[name])) if knobs.get(name, DEFAULT_KNOBS[name]) in vals else 0
         out.append(i / max(1, len(vals) - 1))
     return out

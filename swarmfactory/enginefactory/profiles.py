@@ -44,6 +44,33 @@ class Profile:
                 return f"tuned with {k} {self.tools.get(k)} (now {tools.get(k)})"
         return None
 
+    def pinned_kernels(self) -> dict[str, str]:
+        """op -> ``champion:PROBLEM@ID`` for the kernel-factory kernels this design runs."""
+        import yaml
+
+        kernels = (yaml.safe_load(self.config_yaml) or {}).get("kernels") or {}
+        return {op: name for op, name in kernels.items() if name.startswith("champion:") and "@" in name}
+
+    def kernel_check(self, store) -> tuple[str | None, str | None]:
+        """(why the profile may not be served here, a note) about its pinned kernels: a kernel
+        that no longer passes the harness here blocks it; a kernel champion that has moved on
+        since is a note (the profile still runs the kernel it was verified with; ``engine tune``
+        verifies and measures the same design on the new champion)."""
+        from swarmfactory.engine.native_seam import passed_here, current_champion, pinned_problem
+        from swarmfactory.problems import load_problem
+
+        notes = []
+        for spec in sorted(set(self.pinned_kernels().values())):
+            name, pin = pinned_problem(spec)
+            why = passed_here(store, load_problem(name), pin)
+            if why:
+                return f"runs {spec}: {why}", None
+            now = current_champion(name, store)
+            if now != pin:
+                notes.append(f"its {name} kernel {pin[:12]} is no longer the champion here "
+                             f"({'now ' + now[:12] if now else 'none now'}; swarmfactory engine tune re-verifies)")
+        return None, "; ".join(notes) or None
+
 
 def all_profiles(store) -> list[Profile]:
     """Every engine profile in the store, on any hardware, newest first (one per problem, spec
@@ -91,9 +118,12 @@ def choose(store, model_path: Path) -> tuple[Profile | None, str]:
     reasons = []
     for p in profiles:
         why = p.mismatch(digest, hw, tools)
+        note = None
+        if why is None:
+            why, note = p.kernel_check(store)
         if why is None:
             return p, (f"profile {p.id[:12]} (engine tune run {p.run_id}, {p.speedup or 1:.2f}x the default design "
-                       f"there): {p.description}")
+                       f"there): {p.description}" + (f" - note: {note}" if note else ""))
         if p.model_sha256 == digest:
             reasons.append(f"profile {p.id[:12]} {why}")
     if reasons:

@@ -72,6 +72,8 @@ class TuneConfig:
     min_effect: float = 0.03
     seed: int = 0
     fixed: tuple[tuple[str, object], ...] = ()   # knobs the deployment fixes (e.g. threads)
+    screen: float | None = 0.10          # screening: a design whose short first measurement is more than
+                                         # this fraction below the champion's is not measured in full
 
     def __post_init__(self):
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -102,6 +104,7 @@ class TuneConfig:
         d["concurrency"] = tuple(d["concurrency"])
         d["workloads"] = tuple(tuple(w) for w in d["workloads"])
         d["fixed"] = tuple(tuple(f) for f in d.get("fixed", ()))
+        d.setdefault("screen", None)  # runs recorded before screening existed measured everything in full
         return cls(**d)
 
     def max_seq_len(self) -> int:
@@ -109,6 +112,9 @@ class TuneConfig:
 
     def prompts(self, c: int) -> int:
         return max(4, self.prompts_per_stream * c)
+
+    def screen_workloads(self) -> tuple[tuple[int, int], ...]:
+        return self.workloads[:1]
 
 
 def parse_workloads(text: str) -> tuple[tuple[int, int], ...]:
@@ -186,7 +192,8 @@ def _die_with_parent() -> None:
 class DesignServer:
     """Spawn the worker for one design; wait for its verification; measure it over HTTP."""
 
-    def __init__(self, cfg: EngineConfig, reference: Path, workdir: Path, serve_anyway: bool = False):
+    def __init__(self, cfg: EngineConfig, reference: Path, workdir: Path, serve_anyway: bool = False,
+                 store_url: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         path = workdir / f"design-{D.design_key(cfg)}.yaml"
@@ -195,6 +202,8 @@ class DesignServer:
         self.events: deque = deque()
         self._cv = threading.Condition()
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if store_url:  # champion:...@ID kernels are looked up in the tune's store
+            env["SWARMFACTORY_STORE"] = store_url
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "swarmfactory.enginefactory.worker", "--config", str(path),
              "--reference", str(reference), "--port", str(self.port)] + (["--serve-anyway"] if serve_anyway else []),
@@ -258,20 +267,24 @@ class DesignServer:
             time.sleep(0.2)
         return False
 
-    def measure(self, cfg: TuneConfig, on_level=None, deadline: float | None = None) -> dict:
+    def measure(self, cfg: TuneConfig, on_level=None, deadline: float | None = None, screen: bool = False) -> dict:
         """Every (workload, level): the serving figures, keyed by workload ``INxOUT``. Past
-        ``deadline`` (time.monotonic) it stops with ``OutOfTime``."""
+        ``deadline`` (time.monotonic) it stops with ``OutOfTime``. ``screen``: the short first
+        look (the first workload only, one wave of ``max(2, c)`` requests per level, its own
+        prompts, the same for every design)."""
         import asyncio
 
         from swarmfactory.bench.serving import make_prompts, run_level
 
         out: dict = {}
-        for w, (n_in, n_out) in enumerate(cfg.workloads):
+        for w, (n_in, n_out) in enumerate(cfg.screen_workloads() if screen else cfg.workloads):
             key = f"{n_in}x{n_out}"
             asyncio.run(run_level(self.url, make_prompts(2, n_in, cfg.seed + 10_000 + w), n_out, 2))  # warm-up
             levels = []
             for i, c in enumerate(cfg.concurrency):
-                prompts = make_prompts(cfg.prompts(c), n_in, cfg.seed + 1 + 100 * w + i)
+                n_prompts, seed = (max(2, c), cfg.seed + 50_000 + i) if screen else \
+                    (cfg.prompts(c), cfg.seed + 1 + 100 * w + i)
+                prompts = make_prompts(n_prompts, n_in, seed)
                 limit = LEVEL_TIMEOUT_S
                 if deadline is not None:
                     limit = min(limit, deadline - time.monotonic())
@@ -316,11 +329,11 @@ class Start:
 
 
 def start_design(cfg: EngineConfig, reference: Path, workdir: Path, timeout_s: float = LOAD_TIMEOUT_S,
-                 serve_anyway: bool = False) -> Start:
+                 serve_anyway: bool = False, store_url: str | None = None) -> Start:
     """Load and verify ``cfg`` in its own process. A failure ends it with a verdict; a pass leaves
     it serving. ``serve_anyway`` (the baseline only) serves after a failed verification too,
     returning both the server and the ``wrong`` verdict."""
-    srv = DesignServer(cfg, reference, workdir, serve_anyway)
+    srv = DesignServer(cfg, reference, workdir, serve_anyway, store_url)
     wrong = None
     t0 = time.monotonic()
     loaded: dict = {}
@@ -378,6 +391,7 @@ class Entry:
     ratio: float            # fitness / default fitness (0 when wrong or failed)
     fitness: float
     evaluation_id: int | None = None
+    screen: float | None = None  # fitness on the screening measurement (tok/s geomean)
 
 
 class NullProgress:
@@ -411,6 +425,17 @@ class Tuner:
             raise TuneError(str(e)) from None
         self.problem = EngineProblem(self.model_path, model_digest(self.model_path), cfg)
         self.base = EngineConfig(model=cfg.model, weights=cfg.weights, max_seq_len=cfg.max_seq_len())
+        # the kernel factory's q4_1_matmul champion here: designs with kernels=champion pin it
+        from swarmfactory.engine.native_seam import current_champion
+
+        self.kernel_champion = current_champion(D.CHAMPION_PROBLEM, store) if cfg.weights == "q4_1" else None
+        self.fixed = dict(cfg.fixed)
+        if not self.kernel_champion:
+            if self.fixed.get("kernels") == "champion":
+                raise TuneError(f"kernels=champion: no {D.CHAMPION_PROBLEM} champion on this hardware in {store.url} "
+                                f"(swarmfactory run --problems {D.CHAMPION_PROBLEM} makes one)")
+            self.fixed["kernels"] = "builtin"
+        self.queue: list[tuple[D.Design, str, list[str]]] = []  # designs to evaluate before any new proposal
         self.rng = random.Random(f"{cfg.seed}:{resume or ''}")
         self.entries: list[Entry] = []
         self.seen: set[str] = set()
@@ -423,7 +448,7 @@ class Tuner:
         self._log(f"[{m:02d}:{sec:02d}] {msg}")
 
     def _build(self, knobs: dict) -> D.Design:
-        return D.build({**knobs, **dict(self.cfg.fixed)}, self.base)
+        return D.build({**knobs, **self.fixed}, self.base, self.kernel_champion)
 
     # -- records ----------------------------------------------------------------------------------
     def _record(self, design: D.Design, verdict: Verdict, agent: str, operator: str, parents: list[str],
@@ -446,30 +471,73 @@ class Tuner:
             self.seen.add(ev["candidate_id"])
             if ev["purpose"] != "search":
                 continue
-            try:
-                design = self._build(cand["knobs"])
+            try:  # the design as it was evaluated (a pinned kernel champion included)
+                import yaml
+
+                design = D.Design({**D.DEFAULT_KNOBS, **cand["knobs"]},
+                                  EngineConfig.from_dict(yaml.safe_load(cand["source"])))
             except Exception:
                 continue
             ratio = ev["speedup"] if ev["outcome"] in ("faster", "not_faster") and ev["speedup"] else 0.0
-            self.entries.append(Entry(design, ratio, (ev["evidence"] or {}).get("fitness", 0.0), ev["id"]))
+            evidence = ev["evidence"] or {}
+            self.entries.append(Entry(design, ratio, evidence.get("fitness", 0.0), ev["id"],
+                                      evidence.get("screen_fitness")))
         champ = self.store.champion(self.problem)  # the profile so far: what a newcomer must beat
         self.prior_champion = next((e for e in self.entries if champ and e.design.key == champ["candidate_id"]
                                     and e.fitness > 0), None)
+        self._requalify()
+
+    def _requalify(self) -> None:
+        """Designs that ran an earlier kernel champion: the same design on today's champion is
+        verified and measured first (the profile's first, then the best others), so a new kernel
+        reaches the engine only through the end-to-end checks, and an engine never serves a
+        kernel it was not verified with."""
+        stale = [e for e in self.entries if e.ratio > 0 and e.design.champion
+                 and e.design.champion != self.kernel_champion]
+        stale.sort(key=lambda e: (e is not self.prior_champion, -e.ratio))
+        for e in stale[:3]:
+            try:
+                design = self._build(e.design.knobs) if self.kernel_champion else None
+            except Exception:
+                design = None
+            if design is None or design.key in self.seen or any(design.key == q[0].key for q in self.queue):
+                continue
+            self.queue.append((design, "requalify", [e.design.key]))
+        if stale:
+            self.log(f"{len(stale)} design(s) ran {D.CHAMPION_PROBLEM} candidate(s) that are no longer the champion "
+                     f"here ({'now ' + self.kernel_champion[:12] if self.kernel_champion else 'none now'}): "
+                     f"{len(self.queue)} queued for re-verification")
 
     # -- evaluation ---------------------------------------------------------------------------------
     def _evaluate(self, design: D.Design, workdir: Path, note: str,
                   baseline: bool = False) -> tuple[Verdict, DesignServer | None]:
         t0 = time.perf_counter()
-        start = start_design(design.config, self.reference, workdir, serve_anyway=baseline)
+        start = start_design(design.config, self.reference, workdir, serve_anyway=baseline, store_url=self.store.url)
         if start.server is None:
             start.verdict.seconds = time.perf_counter() - t0
             start.verdict.evidence.setdefault("paths", start.loaded.get("paths"))
             return start.verdict, None
         srv = start.server
+        on_level = lambda wl, lv: self.progress.update(  # noqa: E731
+            self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s")
+        screen, screen_fit = None, None
         try:
-            serving = srv.measure(self.cfg, on_level=lambda wl, lv: self.progress.update(
-                self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s"),
-                deadline=None if baseline else self.deadline + GRACE_S)
+            if self.cfg.screen is not None:
+                screen = srv.measure(self.cfg, on_level=on_level, screen=True,
+                                     deadline=None if baseline else self.deadline + GRACE_S)
+                screen_fit, _ = fitness(screen, None)
+                bar = self._screen_bar()
+                if not baseline and bar and screen_fit < bar * (1 - self.cfg.screen):
+                    srv.close()
+                    ratio = screen_fit / self.default.screen if self.default and self.default.screen else 0.0
+                    return Verdict(Outcome.NOT_FASTER,
+                                   f"screened out: {screen_fit:.1f} tok/s on the short measurement, more than "
+                                   f"{self.cfg.screen:.0%} under the champion's {bar:.1f} (~{ratio:.2f}x the default)",
+                                   "measure", seconds=time.perf_counter() - t0, cases_checked=3,
+                                   evidence={"screen": screen, "screen_fitness": screen_fit, "screened_out": True,
+                                             "fitness": 0.0, "paths": start.loaded.get("paths"),
+                                             "verify": start.verified.get("evidence", {})}), None
+            serving = srv.measure(self.cfg, on_level=on_level, deadline=None if baseline else self.deadline + GRACE_S)
         except OutOfTime as e:
             srv.close()
             return Verdict(Outcome.NOT_FASTER, f"not measured to the end: {e}", "measure",
@@ -481,10 +549,12 @@ class Tuner:
                            seconds=time.perf_counter() - t0), None
         fit, over = fitness(serving, self.cfg.ttft_p99_s)
         if start.verdict is not None:  # the baseline, measured although it failed verification
-            start.verdict.evidence.update(serving=serving, fitness=fit, paths=start.loaded.get("paths"))
+            start.verdict.evidence.update(serving=serving, fitness=fit, paths=start.loaded.get("paths"),
+                                          screen=screen, screen_fitness=screen_fit)
             start.verdict.seconds = time.perf_counter() - t0
             return start.verdict, srv
-        ev = {"serving": serving, "fitness": fit, "paths": start.loaded.get("paths"),
+        ev = {"serving": serving, "fitness": fit, "screen": screen, "screen_fitness": screen_fit,
+              "paths": start.loaded.get("paths"),
               "load_seconds": start.loaded.get("seconds"), "verify": start.verified.get("evidence", {}),
               "verify_detail": start.verified.get("detail", ""), "over_ceiling": over}
         return Verdict(Outcome.NOT_FASTER, over or "", "measure", evidence=ev, cases_checked=3,
@@ -493,7 +563,20 @@ class Tuner:
     def _best_ratio(self) -> float:
         return self.champion.ratio if self.champion else 0.0
 
+    def _screen_bar(self) -> float | None:
+        """The screening figure a design must come near: the champion's (or, while none is
+        verified, the default design's); a champion from an earlier session is rescaled by its
+        ratio to today's default."""
+        against = self.champion or self.default
+        if against is None or not self.default or not self.default.screen:
+            return None
+        return against.screen or against.ratio * self.default.screen
+
     def _propose(self) -> tuple[D.Design, str, list[str]] | None:
+        while self.queue:
+            item = self.queue.pop(0)
+            if item[0].key not in self.seen:
+                return item
         ok = sorted((e for e in self.entries if e.ratio > 0), key=lambda e: -e.ratio)
         seen_knobs = [(e.design.knobs, e.ratio) for e in self.entries]
         if self.default is not None and self.default not in self.entries:  # measured, though not verified
@@ -541,7 +624,8 @@ class Tuner:
         back to back; both rounds must favour the challenger by min_effect. Returns (won, low
         ratio, high ratio) of challenger over ``against``."""
         first = challenger.fitness / against.fitness
-        start = start_design(against.design.config, self.reference, workdir, serve_anyway=against is self.default)
+        start = start_design(against.design.config, self.reference, workdir, serve_anyway=against is self.default,
+                             store_url=self.store.url)
         if start.server is None:  # it no longer starts: the challenger wins by default
             return True, first, first
         try:
@@ -612,7 +696,7 @@ class Tuner:
         if not fit:
             raise TuneError(f"the default design could not be measured on this machine: {verdict.outcome.value}: "
                             f"{verdict.detail}")
-        self.default = Entry(default, 1.0, fit, eid)
+        self.default = Entry(default, 1.0, fit, eid, verdict.evidence.get("screen_fitness"))
         self.default_ok = verdict.outcome.correct
         # the champion is the best *verified* design; the default counts only if it passed
         self.champion = self.default if self.default_ok else None
@@ -620,6 +704,7 @@ class Tuner:
         if prior is not None and (self.champion is None or prior.ratio > 1.0):
             # measured in an earlier session: its ratio carries over, its fitness is rescaled to today's default
             prior.fitness = prior.ratio * fit
+            prior.screen = None  # likewise its screening bar (_screen_bar)
             self.champion = prior
         if self.default_ok:
             self.entries.append(self.default)
@@ -643,11 +728,16 @@ class Tuner:
             self.progress.update(self.evaluated, self._best_ratio(), f"{note}: {design.describe()}")
             verdict, srv = self._evaluate(design, workdir, note)
             entry = Entry(design, 0.0, 0.0)
+            if verdict.evidence.get("screened_out") and self.default.screen:
+                # verified, measured briefly: the cost model learns its estimated ratio, not a failure
+                entry.screen = verdict.evidence["screen_fitness"]
+                entry.ratio = verdict.speedup = entry.screen / self.default.screen
             new_champion = False
             try:
                 if srv is not None:
                     fit = verdict.evidence["fitness"]
-                    entry = Entry(design, fit / self.default.fitness, fit)
+                    entry = Entry(design, fit / self.default.fitness, fit,
+                                  screen=verdict.evidence.get("screen_fitness"))
                     verdict.speedup = entry.ratio
                     verdict.ci_low = verdict.ci_high = entry.ratio
                     against = self.champion or self.default

@@ -204,12 +204,11 @@ def verify(engine, ref: dict) -> Check:
             return Check(False, f"{weights} logits vs fp32 over the fixed text: " + "; ".join(fails)
                          + f" (worst at position {worst})", {**evidence, "check": "bounds", "position": worst})
         evidence["tokens_equal_fp32"] = sum(a == r for a, r in zip(alone, ref["tokens"]))
-    bad = _compare("batched vs alone", _greedy(engine, ids), alone, tok, "alone gave")
-    if bad:
-        return bad
-    bad = _compare("continuous batching vs alone", _continuous(engine, ids), alone, tok, "alone gave")
-    if bad:
-        return bad
+    for name, run in (("batched vs alone", _greedy), ("continuous batching vs alone", _continuous)):
+        bad = _compare(name, run(engine, ids), alone, tok, "alone gave")
+        if bad:  # what passed before it stays in the evidence (the logit bounds)
+            bad.evidence = {**evidence, **bad.evidence}
+            return bad
     checks = ["fp32 tokens = HF" if weights == "fp32" else "logit bounds", "batched = alone",
               "continuous batching with join/abort = alone"]
     return Check(True, f"{len(ids)} prompts x {NEW_TOKENS} tokens: " + ", ".join(checks), evidence)

@@ -39,7 +39,7 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
     for _ in range(200):
         k = D.make_invariant(D.random_knobs(rng), rng)
         assert D.batch_invariant(k), k
-        d = D.build(k, base)  # every invariant design is a config the engine accepts
+        d = D.build(k, base, champion="0123abcd")  # every invariant design is a config the engine accepts
         keys.add(d.key)
         m = D.mutate(k, rng, 2)
         assert set(m) == set(D.KNOBS) and all(m[n] in D.KNOBS[n] for n in m)
@@ -50,6 +50,28 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
         D.build({"max_batch": 7}, base)
     # a bf16 KV cache cannot run the native decoder: the design pins it off rather than failing
     assert D.build({"kv_dtype": "bf16", "native_decode": 32}, base).config.native_decode == 0
+
+
+def test_a_kernel_champion_is_pinned_so_a_new_champion_makes_a_new_design():
+    base = EngineConfig(max_seq_len=2048)
+    knobs = {"kernels": "champion", "dense": "none", "native_decode": 32}
+    with pytest.raises(D.NoChampion, match="no q4_1_matmul champion on this hardware"):
+        D.build(knobs, base)
+    a, b = D.build(knobs, base, champion="aaaa1111"), D.build(knobs, base, champion="bbbb2222")
+    assert a.config.kernels == {op: "champion:q4_1_matmul@aaaa1111" for op in D.CHAMPION_OPS}
+    assert a.config.native_decode == 0 and a.config.native_prefill == 0  # the named kernels must run
+    assert a.key != b.key and a.champion == "aaaa1111" and "q4_1_matmul@aaaa1111" in a.describe()
+    assert not D.batch_invariant(a.knobs)  # padded attention
+    a = D.build({**knobs, "attention": "exact"}, base, champion="aaaa1111")
+    assert D.batch_invariant(a.knobs) and not D.batch_invariant({**a.knobs, "dense": "early"})
+    assert D.make_invariant({**a.knobs, "attention": "padded"}, random.Random(0))["attention"] == "exact"
+    assert D.build({}, base, champion="aaaa1111").config.kernels == {}  # builtin unless asked
+    # fp32/bf16 designs have no Q4_1 ops: the knob is pinned to builtin
+    assert D.build(knobs, EngineConfig(weights="bf16"), champion="aaaa1111").config.kernels == {}
+    with pytest.raises(ConfigError, match="a pinned champion is @CANDIDATE_ID"):
+        EngineConfig.from_dict({"kernels": {"o": "champion:q4_1_matmul@"}})
+    with pytest.raises(ConfigError, match="a pinned champion is @CANDIDATE_ID"):
+        EngineConfig.from_dict({"kernels": {"o": "champion:q4_1_matmul@../x"}})
 
 
 # -- verification ------------------------------------------------------------------------------------
@@ -93,7 +115,8 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
 
     ref, _ = reference
     base = EngineConfig(threads=THREADS, max_seq_len=1024)
-    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "max_batch": 16, "threads": THREADS}, base).config)
+    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16,
+                                "threads": THREADS}, base).config)
     check = verify(invariant, ref)
     assert check.ok, check.detail
     assert check.evidence["max_logit_error"] <= 2.0 and check.evidence["top1_agreement"] >= 0.9
@@ -116,6 +139,80 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
     assert not check.ok
     assert check.evidence["check"] in ("batched vs alone", "continuous batching vs alone"), check.detail
     assert "diverged at token" in check.detail
+
+
+# -- kernels from the kernel factory -----------------------------------------------------------------
+def _kernel_champion(store, source: str, outcome: str = "faster") -> str:
+    """Record ``source`` as a q4_1_matmul candidate that passed the harness here, and make it the
+    champion: what a kernel-factory run leaves in the store."""
+    from swarmfactory.agents.base import candidate_record
+    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.problems import load_problem
+
+    problem = load_problem("q4_1_matmul")
+    cand = candidate_record(problem, source, agent="test", operator="template")
+    eid = store.record_verdict(problem, cand, Verdict(Outcome(outcome), "test", "measure", speedup=1.2), None, "test")
+    if outcome in ("faster", "not_faster"):
+        store.set_champion(problem, cand["id"], eid, 1.2, None, "test champion")
+    return cand["id"]
+
+
+def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_when_the_champion_changes(
+        reference, tmp_path, monkeypatch, model_path):
+    from swarmfactory.engine import Engine
+    from swarmfactory.enginefactory.profiles import all_profiles, choose
+    from swarmfactory.enginefactory.tune import TuneConfig, Tuner
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.problems import load_problem
+
+    ref, _ = reference
+    db = tmp_path / "e.db"
+    monkeypatch.setenv("SWARMFACTORY_STORE", str(db))  # where the engine looks champions up
+    store = Store(str(db))
+    problem = load_problem("q4_1_matmul")
+    # one batch row per tile (bb=1): every row is computed by the same code whatever the batch. (The
+    # template's default, bb=2, computes a row in a pair or alone by two functions that GCC may
+    # contract differently; the verifier caught it on a Zen 4: prompt 2 diverged at token 8 batched.)
+    first = _kernel_champion(store, problem.render({"bb": 1}))
+    cfg = TuneConfig(workloads=((16, 8),), concurrency=(1,), fixed=(("threads", THREADS), ("max_batch", 16)))
+    tuner = Tuner(cfg, store)
+    assert tuner.kernel_champion == first
+    design = tuner._build({"kernels": "champion", "dense": "none", "attention": "exact"})
+    assert design.champion == first and set(design.config.kernels) == set(D.CHAMPION_OPS)
+
+    # the engine runs the factory's library on every Q4_1 op and passes the end-to-end checks
+    eng = Engine(design.config)
+    assert {op: k["candidate"] for op, k in eng.paths.native_kernels.items()} == {op: first for op in D.CHAMPION_OPS}
+    check = verify(eng, ref)
+    assert check.ok, check.detail
+    del eng
+
+    # the tune recorded it and made it the profile
+    tuner.run_id = store.create_run({"kind": "engine-tune", **cfg.to_dict()})
+    eid = tuner._record(design, Verdict(Outcome.FASTER, "1.10x", "measure", speedup=1.1,
+                                        evidence={"fitness": 50.0, "serving": {}}), "knobs", "mutate", [])
+    store.set_champion(tuner.problem, design.key, eid, 1.1, tuner.run_id, "test")
+    prof, line = choose(store, model_path)
+    assert prof is not None and prof.id == design.key and "note" not in line
+
+    # a better kernel arrives: the profile keeps the kernel it was verified with (and says so) ...
+    second = _kernel_champion(store, problem.render({"rows": 4, "bb": 1}))
+    assert second != first
+    prof, line = choose(store, model_path)
+    assert prof is not None and f"kernel {first[:12]} is no longer the champion here (now {second[:12]}" in line
+    # ... and the next tune verifies and measures the same design on the new kernel before anything else
+    again = Tuner(cfg, store)
+    again._prior()
+    queued, agent, parents = again._propose()
+    assert agent == "requalify" and parents == [design.key]
+    assert queued.champion == second and queued.knobs == design.knobs and queued.key != design.key
+
+    # the old kernel is found wrong by the harness (a new case breaks it): the profile is not served
+    _kernel_champion(store, problem.render({"bb": 1}), outcome="wrong")
+    assert store.candidate(first) and all_profiles(store)
+    prof, line = choose(store, model_path)
+    assert prof is None and f"runs champion:q4_1_matmul@{first}: candidate {first} no longer passes" in line
 
 
 # -- a real tune run ---------------------------------------------------------------------------------
