@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
 from dataclasses import dataclass, field
 
 from swarmfactory.agents.llm import MAX_FATAL, render_prompt
@@ -214,8 +214,8 @@ class DesignLLM:
         self.client, self.target = client, target
         self.max_tokens, self.temperature = max_tokens, temperature
         self.name = f"llm-design:{client.endpoint.label}"
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sf-llm-design")
-        self.pending: Future | None = None
+        self.pending: threading.Thread | None = None   # a daemon: a call in flight never holds up exit
+        self.answer: CallRecord | None = None           # the pending call's, once it finished
         self.calls: list[CallRecord] = []
         self.disabled: str | None = None    # why the agent stopped calling; None while it calls
         self.fatal = 0                      # unrecoverable errors in a row
@@ -236,18 +236,24 @@ class DesignLLM:
         if self.disabled or self.busy():
             return False
         messages = design_prompt(space, measured, fixed, n, self.target)
-        self.pending = self.pool.submit(self._call, messages, space, dict(fixed), n)
+
+        def call():
+            self.answer = self._call(messages, space, dict(fixed), n)
+
+        self.answer = None
+        self.pending = threading.Thread(target=call, name="sf-llm-design", daemon=True)
+        self.pending.start()
         return True
 
     def busy(self) -> bool:
-        return self.pending is not None and not self.pending.done()
+        return self.pending is not None and self.pending.is_alive()
 
     def ready(self) -> list[DesignProposal]:
         """The designs of the call that finished since the last ``ready``, else []."""
-        if self.pending is None or not self.pending.done():
+        if self.pending is None or self.pending.is_alive():
             return []
-        done, self.pending = self.pending, None
-        return done.result().proposals
+        self.pending, answer = None, self.answer
+        return answer.proposals if answer else []
 
     def _call(self, messages: list[dict], space: dict, fixed: dict, n: int) -> CallRecord:
         rec = CallRecord("ok")
@@ -286,4 +292,5 @@ class DesignLLM:
             "parent": None})
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """No further calls; one in flight is abandoned (its answer is still recorded if it comes)."""
+        self.disabled = self.disabled or "closed"
