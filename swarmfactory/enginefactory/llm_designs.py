@@ -32,6 +32,7 @@ MAX_SHOWN = 20          # measured designs in a prompt, best first
 MAX_FAILURES_SHOWN = 5  # of which at most this many that failed (newest)
 FATAL_KINDS = ("http_fatal", "config", "context_overflow")
 RATIONALE_KEYS = ("why", "rationale", "reason")
+NO_JSON = "no JSON array or object in the answer"
 SYSTEM = ("You are an expert in LLM inference serving performance on CPUs. You propose engine "
           "configurations and answer with JSON exactly as asked.")
 
@@ -135,7 +136,7 @@ def parse_designs(text: str, space: dict, fixed: dict, n: int) -> tuple[list[Des
     in the knob's list drops the whole design. ``fixed`` overrides what the answer says."""
     data = _payload(text or "")
     if data is None:
-        return [], ["no JSON array or object in the answer"]
+        return [], [NO_JSON]
     if isinstance(data, dict):
         data = data["designs"] if isinstance(data.get("designs"), list) else [data]
     out, dropped, keys = [], [], set()
@@ -225,20 +226,24 @@ class DesignLLM:
         """Record every call in ``store`` (llm_calls) under ``run_id`` and ``problem``."""
         self.store, self.run_id, self.problem = store, run_id, problem
 
-    def propose(self, space: dict, measured: list[dict], fixed: dict, n: int) -> list[DesignProposal]:
-        """One call, waited for; [] when it failed or the answer held no usable design."""
+    def propose(self, space: dict, measured: list[dict], fixed, n: int) -> list[DesignProposal]:
+        """One call, waited for; [] when it failed or the answer held no usable design. ``fixed``:
+        a dict or (knob, value) pairs (TuneConfig.fixed)."""
         if self.disabled:
             return []
-        return self._call(design_prompt(space, measured, fixed, n, self.target), space, dict(fixed), n).proposals
+        fixed = dict(fixed)
+        return self._call(design_prompt(space, measured, fixed, n, self.target), space, fixed, n).proposals
 
-    def submit(self, space: dict, measured: list[dict], fixed: dict, n: int) -> bool:
-        """Start a call in the background unless one is pending or the agent is disabled."""
+    def submit(self, space: dict, measured: list[dict], fixed, n: int) -> bool:
+        """``propose`` in the background, unless a call is pending or the agent is disabled;
+        False when no call was started."""
         if self.disabled or self.busy():
             return False
+        fixed = dict(fixed)
         messages = design_prompt(space, measured, fixed, n, self.target)
 
         def call():
-            self.answer = self._call(messages, space, dict(fixed), n)
+            self.answer = self._call(messages, space, fixed, n)
 
         self.answer = None
         self.pending = threading.Thread(target=call, name="sf-llm-design", daemon=True)
@@ -262,7 +267,7 @@ class DesignLLM:
             rec.proposals, rec.dropped = parse_designs(text, space, fixed, n)
             if not rec.proposals:
                 rec.status = "empty" if not text.strip() else \
-                    "parse_error" if rec.dropped == ["no JSON array or object in the answer"] else "no_designs"
+                    "parse_error" if rec.dropped == [NO_JSON] else "no_designs"
                 rec.error, rec.raw = "; ".join(rec.dropped) or "an empty answer", text
             self.fatal = 0
         except CostCapReached as exc:

@@ -62,7 +62,7 @@ def test_a_good_answer_gives_designs_the_engine_builds_and_the_prompt_shows_spac
 
 def test_fixed_knobs_override_the_answer_and_are_stated_in_the_prompt():
     with ReplayServer([{"content": GOOD}]) as srv:
-        props = agent(srv).propose(D.KNOBS, [], {"threads": 1, "max_batch": 32}, 4)
+        props = agent(srv).propose(D.KNOBS, [], (("threads", 1), ("max_batch", 32)), 4)  # as TuneConfig.fixed
         prompt = srv.requests[0]["body"]["messages"][-1]["content"]
     assert props and all(p.knobs["threads"] == 1 and p.knobs["max_batch"] == 32 for p in props)
     assert "fixed by the deployment to 1" in prompt and "nothing yet" in prompt
