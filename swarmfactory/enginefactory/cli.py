@@ -76,6 +76,21 @@ def _fixed(items: list[str]) -> tuple:
     return tuple(out)
 
 
+def _design_llm(spec: str, model: Optional[str]):
+    """The DesignLLM for ``--llm``, checked before any store or model work (a bad spec or a paid
+    endpoint without its key exits 2); timeout and cost cap are ``swarmfactory run``'s defaults."""
+    from swarmfactory.config import RunConfig
+    from swarmfactory.llm.client import LLMError
+
+    from .llm_designs import DesignLLM, client_for
+
+    defaults = RunConfig.model_fields
+    try:
+        return DesignLLM(client_for(spec, model, defaults["llm_timeout_s"].default, defaults["llm_cost_cap"].default))
+    except LLMError as e:
+        _fail(str(e))
+
+
 def tune_cmd(
     time_: str = typer.Option("20m", "--time", help="time limit: 90s, 20m, 1h"),
     concurrency: str = typer.Option("1,16", help="concurrency levels the design is judged at"),
@@ -95,6 +110,10 @@ def tune_cmd(
                                  "champion's is not measured in full"),
     no_screen: bool = typer.Option(False, "--no-screen", help="measure every verified design in full"),
     resume: Optional[str] = typer.Option(None, help="continue an interrupted tune run (RUN_ID)"),
+    llm: Optional[str] = typer.Option(None, "--llm", metavar="ENDPOINT",
+                                      help="LLM endpoint that proposes designs too: openai:MODEL | "
+                                           "http://HOST:PORT/v1 --llm-model NAME (a paid one: $5 at most, as swarmfactory run)"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", metavar="NAME", help="model name for a URL endpoint"),
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=STORE_HELP),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
@@ -111,13 +130,18 @@ def tune_cmd(
             seed=seed, fixed=_fixed(set_), screen=None if no_screen else screen)
     except (TuneError, ValueError) as e:
         _fail(str(e))
+    designer = _design_llm(llm, llm_model) if llm else None
     st = _open(store, create=not resume)
     progress = _Progress()
     try:
         tuner = Tuner(cfg, st, resume=resume, progress=progress, log=lambda m: err.print(m, highlight=False,
-                                                                                       markup=False))
+                                                                                       markup=False), llm=designer)
     except TuneError as e:
         _fail(str(e))
+    if designer is not None:
+        from .llm_designs import serving_target
+
+        designer.target = serving_target(tuner.cfg)
     store_flag = f" --store {shlex.quote(store)}" if store else ""
     try:
         run_id = tuner.run()

@@ -401,12 +401,15 @@ class NullProgress:
 
 
 class Tuner:
-    def __init__(self, cfg: TuneConfig | None, store, resume: str | None = None, progress=None, log=None):
+    def __init__(self, cfg: TuneConfig | None, store, resume: str | None = None, progress=None, log=None,
+                 llm=None):
+        """``llm``: a DesignLLM (llm_designs.py) that proposes designs too, or None."""
         from swarmfactory.engine.gguf_loader import resolve_model_path
 
         from .verify import model_digest
 
         self.store, self.progress = store, progress or NullProgress()
+        self.llm = llm
         self._log = log or (lambda msg: None)
         self.t0 = time.monotonic()
         if resume:
