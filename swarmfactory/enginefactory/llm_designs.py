@@ -53,6 +53,11 @@ MEANINGS = {
                      "with the decode of other sequences)",
     "max_batch": "sequences decoded together (KV cache slots); further requests wait",
     "threads": "torch intra-op threads; 0 = one per available core",
+    "kernels": "builtin = the engine's own kernels; champion = the Q4_1 ops run the kernel factory's q4_1_matmul "
+               "champion for this machine (native decoder off; offered only where a champion exists)",
+    "attention": "torch decode attention: padded = one batched matmul over the longest context, masked (fast, "
+                 "not batch invariant bitwise); exact = each sequence over its own context (batch invariant, "
+                 "one small matmul per sequence); the native decoder is always exact",
 }
 
 

@@ -439,6 +439,8 @@ class Tuner:
                                 f"(swarmfactory run --problems {D.CHAMPION_PROBLEM} makes one)")
             self.fixed["kernels"] = "builtin"
         self.queue: list[tuple[D.Design, str, list[str]]] = []  # designs to evaluate before any new proposal
+        self.outcomes: dict[str, tuple[str, str]] = {}  # design key -> (outcome, detail): what the LLM is shown
+        self.rationale: dict[str, str] = {}  # design key -> the LLM's reason for proposing it
         self.rng = random.Random(f"{cfg.seed}:{resume or ''}")
         self.entries: list[Entry] = []
         self.seen: set[str] = set()
@@ -459,6 +461,9 @@ class Tuner:
         cand = candidate_record(self.problem, design.config.to_yaml(), agent, operator, backend="engine",
                                 knobs=design.knobs, parents=parents, run_id=self.run_id)
         cand["id"] = design.key
+        self.outcomes[design.key] = (verdict.outcome.value, verdict.detail)
+        if design.key in self.rationale:
+            verdict.evidence.setdefault("rationale", self.rationale[design.key])
         verdict.evidence.setdefault("model_sha256", self.problem.model_sha256)
         verdict.evidence.setdefault("design", design.describe())
         return self.store.record_verdict(self.problem, cand, verdict, self.run_id, VALIDATION_VERSION, purpose)
@@ -575,7 +580,36 @@ class Tuner:
             return None
         return against.screen or against.ratio * self.default.screen
 
+    def _measured(self) -> list[dict]:
+        """The designs measured so far, as the design LLM is shown them."""
+        rows = []
+        for e in self.entries + ([self.default] if self.default and self.default not in self.entries else []):
+            outcome, detail = self.outcomes.get(e.design.key, ("not_faster" if e.ratio else "wrong", ""))
+            rows.append({"knobs": e.design.knobs, "verdict": outcome, "ratio": e.ratio, "detail": detail})
+        return rows
+
+    def _ask_llm(self) -> None:
+        """Queue the design LLM's finished proposals (valid, new, and for q4_1 batch invariant)
+        and start its next call; it never waits for the model."""
+        if self.llm is None:
+            return
+        for prop in self.llm.ready():
+            try:
+                design = self._build(prop.knobs)
+            except Exception as e:  # noqa: BLE001 - a refused combination is dropped, with the reason
+                self.log(f"{self.llm.name}: proposal dropped: {e}")
+                continue
+            if design.key in self.seen or any(design.key == q[0].key for q in self.queue):
+                continue
+            if self.cfg.weights == "q4_1" and not D.batch_invariant(design.knobs):
+                self.log(f"{self.llm.name}: proposal dropped: not batch invariant ({design.describe()})")
+                continue
+            self.rationale[design.key] = prop.rationale
+            self.queue.append((design, self.llm.name, []))
+        self.llm.submit(D.KNOBS, self._measured(), self.fixed, 3)
+
     def _propose(self) -> tuple[D.Design, str, list[str]] | None:
+        self._ask_llm()
         while self.queue:
             item = self.queue.pop(0)
             if item[0].key not in self.seen:
@@ -650,6 +684,8 @@ class Tuner:
         else:
             self.store.set_run_status(self.run_id, "running")
         self.store.record_problem(self.problem)
+        if self.llm is not None:
+            self.llm.bind(self.store, self.run_id, self.problem.name)
         cache = cache_root().parent / "engine-reference"
         self.reference = reference_path(self.model_path, cache)
         if not self.reference.exists():
@@ -680,6 +716,8 @@ class Tuner:
             status = "finished"
         finally:
             self.progress.stop()
+            if self.llm is not None:
+                self.llm.close()
             self.store.set_run_status(self.run_id, status)
         return self.run_id
 

@@ -24,7 +24,7 @@ GOOD = """Two ideas.
 [{"native_decode": 32, "native_prefill": 64, "dense": "calibrated", "kv_dtype": "fp32", "prefill_chunk": 64,
   "max_batch": 32, "threads": 0, "why": "all native: invariant"},
  {"native_decode": 0, "native_prefill": 0, "dense": "none", "kv_dtype": "bf16", "prefill_chunk": 128,
-  "max_batch": 64, "threads": 0, "why": "all int4 with a smaller cache"}]
+  "max_batch": 64, "threads": 0, "attention": "exact", "why": "all int4 with a smaller cache"}]
 ```"""
 MEASURED = [
     {"knobs": dict(D.DEFAULT_KNOBS), "verdict": "wrong", "ratio": 0.0,
@@ -69,12 +69,13 @@ def test_fixed_knobs_override_the_answer_and_are_stated_in_the_prompt():
 
 
 def test_a_new_knob_in_the_space_is_offered_with_its_values_and_accepted():
-    space = {**D.KNOBS, "kernels": ("builtin", "champion")}
-    with ReplayServer([{"content": '[{"kernels": "champion", "max_batch": 16}]'}]) as srv:
+    space = {**D.KNOBS, "spec_decode": ("off", "ngram")}  # a knob the prompt has no words for yet
+    with ReplayServer([{"content": '[{"spec_decode": "ngram", "max_batch": 16}]'}]) as srv:
         props = agent(srv).propose(space, [], {}, 2)
         prompt = srv.requests[0]["body"]["messages"][-1]["content"]
-    assert props[0].knobs == {"kernels": "champion", "max_batch": 16}
-    assert '- `kernels`: "builtin", "champion"\n' in prompt
+    assert props[0].knobs == {"spec_decode": "ngram", "max_batch": 16}
+    assert '- `spec_decode`: "off", "ngram"\n' in prompt
+    assert '- `kernels`: "builtin", "champion". builtin = ' in prompt  # a known knob comes with its meaning
 
 
 @pytest.mark.parametrize("script, status, reason", [
@@ -166,3 +167,32 @@ def test_engine_tune_refuses_a_bad_llm_endpoint_before_any_work(tmp_path):
         assert needle in r.stderr and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "e.db").exists()  # refused before the store, the model or the reference
+
+
+def test_the_tune_loop_measures_the_llms_designs_first_and_records_why(tmp_path):
+    """Wiring: the Tuner starts a call without waiting, queues the answer's valid designs ahead of
+    its own proposals (dropping a non-invariant one, with a log line), and the rationale goes into
+    the evidence. No engine is loaded: the loop's proposal step alone."""
+    from swarmfactory.enginefactory.tune import Entry, TuneConfig, Tuner
+    from swarmfactory.evidence.store import Store
+
+    mixed = json.dumps([{"native_decode": 8, "max_batch": 32, "why": "mixes paths by batch"},
+                        {"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 64,
+                         "why": "int4 throughout, exact attention"}])
+    logs = []
+    with ReplayServer([{"content": mixed}]) as srv:
+        tuner = Tuner(TuneConfig(workloads=((16, 8),), concurrency=(1,)), Store(str(tmp_path / "e.db")),
+                      llm=agent(srv), log=logs.append)
+        tuner.default = Entry(D.build({}, tuner.base), 1.0, 10.0)
+        first = tuner._propose()  # the call starts; the loop does not wait for it
+        assert first is not None and first[1] != tuner.llm.name
+        deadline = time.time() + 10
+        while tuner.llm.busy() and time.time() < deadline:
+            time.sleep(0.05)
+        design, agent_name, parents = tuner._propose()
+    assert agent_name == "llm-design:replay" and parents == []
+    assert design.knobs["attention"] == "exact" and design.config.max_batch == 64
+    assert tuner.rationale[design.key] == "int4 throughout, exact attention"
+    assert any("not batch invariant" in m for m in logs), logs
+    prompt = srv.requests[0]["body"]["messages"][-1]["content"]
+    assert "`attention`: " in prompt and "`kernels`: " in prompt
