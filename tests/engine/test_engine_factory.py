@@ -215,6 +215,30 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
     assert prof is None and f"runs champion:q4_1_matmul@{first}: candidate {first} no longer passes" in line
 
 
+# -- screening ----------------------------------------------------------------------------------------
+def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measured_in_full(reference, tmp_path):
+    """A real design, verified and served, measured briefly (the first workload, one wave per level)
+    against a champion whose short figure is far higher: screened out, with its figures."""
+    from swarmfactory.enginefactory.tune import Entry, TuneConfig, Tuner
+    from swarmfactory.enginefactory.verify import reference_path
+    from swarmfactory.evidence.store import Store
+
+    _, cache = reference
+    cfg = TuneConfig(workloads=((16, 8), (64, 8)), concurrency=(1, 3), fixed=(("threads", THREADS),))
+    tuner = Tuner(cfg, Store(str(tmp_path / "e.db")))
+    tuner.reference = reference_path(tuner.model_path, cache / "engine-reference")
+    tuner.deadline = time.monotonic() + 600
+    design = tuner._build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16})
+    tuner.default = tuner.champion = Entry(D.build({}, tuner.base), 1.0, 1e6, screen=1e6)  # a far faster champion
+    verdict, srv = tuner._evaluate(design, tmp_path, "test")
+    assert srv is None and verdict.outcome.value == "not_faster" and verdict.evidence["screened_out"]
+    assert verdict.detail.startswith("screened out: ") and "under the champion's 1000000.0" in verdict.detail
+    screen = verdict.evidence["screen"]
+    assert list(screen) == ["16x8"]  # the first workload only
+    assert [(lv["concurrency"], lv["completed"]) for lv in screen["16x8"]] == [(1, 2), (3, 3)]  # one wave
+    assert verdict.evidence["screen_fitness"] > 0 and "serving" not in verdict.evidence
+
+
 # -- a real tune run ---------------------------------------------------------------------------------
 def _cli(*args, env=None, **kw):
     return subprocess.run([sys.executable, "-m", "swarmfactory.cli", *args], capture_output=True, text=True,
@@ -233,7 +257,7 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     db = tmp_path / "e.db"
     env = dict(os.environ, SWARMFACTORY_CACHE=str(cache), SWARMFACTORY_STORE=str(db))
     args = ["engine", "tune", "--time", "10m", "--budget", "2", "--workloads", "16x8", "--concurrency", "1,2",
-            "--set", f"threads={THREADS}", "--set", "max_batch=16", "--seed", "1"]
+            "--set", f"threads={THREADS}", "--set", "max_batch=16", "--seed", "1", "--no-screen"]
     proc = subprocess.Popen([sys.executable, "-m", "swarmfactory.cli", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 600
