@@ -302,6 +302,42 @@ def test_champion_errors_name_the_op(tmp_path, monkeypatch, problem):
         resolve_all({"gate_up": "champion:q4_1_matmul"})
 
 
+def test_a_pinned_champion_runs_only_while_it_passes_here(tmp_path, monkeypatch, problem, libs, weight):
+    """``champion:q4_1_matmul@ID``: exactly that candidate, even after the champion moved on, and
+    never one that was not a champion here or that a later evaluation found wrong."""
+    from swarmfactory.agents.base import candidate_record
+    from swarmfactory.engine.native_seam import resolve_all
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.harness.outcome import Outcome, Verdict
+
+    store = Store(str(tmp_path / "e.db"))
+    monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "e.db"))
+
+    def record(source, outcome, champion):
+        cand = candidate_record(problem, source, agent="test", operator="template")
+        eid = store.record_verdict(problem, cand, Verdict(Outcome(outcome), "test", "measure"), None, "test")
+        if champion:
+            store.set_champion(problem, cand["id"], eid, 1.3, None, "test")
+        return cand["id"]
+
+    first = record(libs["source"], "faster", True)
+    second = record(problem.render({"rows": 4}), "faster", True)  # the champion moves on
+    lib = resolve_all({"down": f"champion:q4_1_matmul@{first[:10]}"})["down"].library
+    assert lib.candidate == first and lib.speedup is None  # the pinned one, no longer the champion
+    assert resolve_all({"down": "champion:q4_1_matmul"})["down"].library.candidate == second
+    never = record(problem.render({"rows": 1}), "not_faster", False)
+    with pytest.raises(KernelError, match=rf"kernels\.o: champion:q4_1_matmul@{never}: candidate {never} was never "
+                                          r"a champion of q4_1_matmul"):
+        resolve_all({"o": f"champion:q4_1_matmul@{never}"})
+    with pytest.raises(KernelError, match=r"no candidate 0000 of q4_1_matmul"):
+        resolve_all({"o": "champion:q4_1_matmul@0000"})
+    record(libs["source"], "wrong", False)  # a new case breaks the first
+    with pytest.raises(KernelError, match=rf"candidate {first} no longer passes the harness on this hardware "
+                                          r"\(latest: wrong\)"):
+        resolve_all({"o": f"champion:q4_1_matmul@{first}"})
+    store.engine.dispose()
+
+
 def test_engine_serve_runs_a_file_and_the_champion(libs, served):
     """/health says which op runs which library (the champion with its candidate id), and it serves."""
     s, cand = served
