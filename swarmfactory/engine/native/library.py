@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..gguf_loader import QuantTensor
 from ..kernels import Weight
+from ..native_layout import pack_records
 from .isa import BASE_FLAGS, IsaPath, runnable_paths
 
 SYMBOL = "sf_decode"
@@ -147,33 +148,17 @@ def linear(lib, weight: Weight, x: torch.Tensor, threads: int = 1) -> torch.Tens
     return y
 
 
-ROWS = 8  # rows per group in decode.c's layout
-
-
 def pack(weight: Weight) -> tuple[_Mat, torch.Tensor]:
-    """The weight in decode.c's layout (see its Mat comment): groups of 8 rows interleaved by
-    quads of 4 elements, one record per block of 32 columns with the rows' fp16 scales after
-    the quants (Q4_1: 128 + 16 + 16 bytes; Q8_0, w + 128 stored unsigned: 256 + 16 bytes)."""
+    """The weight in decode.c's layout (``native_layout.pack_records``, see its Mat comment):
+    groups of 8 rows interleaved by quads of 4 elements, one record per block of 32 columns with
+    the rows' fp16 scales after the quants (Q4_1: 128 + 16 + 16 bytes; Q8_0, w + 128 stored
+    unsigned: 256 + 16 bytes)."""
     qt = weight.qtype
     if qt not in _TYPES:
         got = ", ".join(sorted(q.name for q in weight.qtypes))
         raise NativeUnavailable(f"native decoder needs Q4_1 or Q8_0 weights; {weight.name} is {got}")
     if weight.cols % 32:
         raise NativeUnavailable(f"{weight.name}: {weight.cols} columns is not a multiple of 32")
-    nb, groups = weight.cols // 32, -(-weight.rows // ROWS)
-    b = weight.blocks().view(weight.rows, nb, -1)
-    if groups * ROWS != weight.rows:  # zero rows (d = m = 0) fill the last group
-        b = torch.cat([b, b.new_zeros(groups * ROWS - weight.rows, nb, b.shape[-1])])
-    b = b.view(groups, ROWS, nb, -1).transpose(1, 2)  # [groups, nb, rows, block bytes]
-
-    def interleave(q: torch.Tensor) -> torch.Tensor:  # [g, nb, rows, 4k] -> [g, nb, k, rows, 4]
-        return q.reshape(groups, nb, ROWS, -1, 4).transpose(2, 3).reshape(groups, nb, -1)
-
-    d = b[..., 0:2].reshape(groups, nb, 2 * ROWS)
-    if qt == QT.Q4_1:
-        rec = torch.cat([interleave(b[..., 4:20]), d, b[..., 2:4].reshape(groups, nb, 2 * ROWS)], -1)
-    else:
-        q = b[..., 2:34].contiguous().view(torch.int8).to(torch.int16).add(128).to(torch.uint8)
-        rec = torch.cat([interleave(q), d], -1)
-    rec = rec.contiguous()
+    blocks = weight.blocks().contiguous().numpy().reshape(weight.rows, weight.cols // 32, -1)
+    rec = torch.from_numpy(pack_records(blocks, "q4_1" if qt == QT.Q4_1 else "q8_0"))
     return _Mat(_TYPES[qt], weight.rows, weight.cols, rec.data_ptr()), rec
