@@ -33,19 +33,27 @@ def source() -> str:
     return files(__package__).joinpath("decode.c").read_text()
 
 
-def load_library(path: IsaPath | tuple[str, ...] | None = None):
+def load_library(path: IsaPath | tuple[str, ...] | None = None, matvec=None):
     """Build (or reuse) decode.c for one ISA path (default: the best this CPU runs; a tuple is
-    taken as raw compiler flags) and load it with ctypes. Does not check it: see ``probe``."""
+    taken as raw compiler flags) and load it with ctypes. Does not check it: see ``probe``.
+    ``matvec`` (a ``matvec.Matvec``): its q4_1_packed_matvec source is compiled after decode.c
+    with -DSF_MATVEC_EXTERNAL, and Q4_1 matrices run it."""
     from swarmfactory.backends.base import BuildError
     from swarmfactory.backends.c import CBackend
 
     if path is None:
         path = runnable_paths()[0]
     flags = path if isinstance(path, tuple) else (*path.flags, *BASE_FLAGS)
+    src, proto, what = source(), None, "native decoder"
+    if matvec is not None:  # after decode.c, so that no macro of the kernel reaches the decoder
+        from .matvec import SIGNATURE
+
+        src = f"{src}\n/* {matvec.label} */\n#line 1 \"{matvec.candidate}.c\"\n{matvec.source}"
+        flags, proto, what = (*flags, "-DSF_MATVEC_EXTERNAL"), SIGNATURE, f"native decoder with {matvec.label}"
     try:
-        art = CBackend().build(source(), SYMBOL, tuple(flags))
+        art = CBackend().build(src, SYMBOL, tuple(flags), prototype=proto)
     except BuildError as e:
-        raise NativeUnavailable(f"native decoder did not build: {e}") from None
+        raise NativeUnavailable(f"{what} did not build: {e}") from None
     lib = ctypes.CDLL(art.path, mode=ctypes.RTLD_LOCAL)
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.sf_model_new.restype = p
@@ -55,6 +63,7 @@ def load_library(path: IsaPath | tuple[str, ...] | None = None):
     lib.sf_model_free.restype = None
     lib.sf_model_free.argtypes = [p]
     lib.sf_isa.restype = ctypes.c_char_p
+    lib.sf_matvec.restype = ctypes.c_char_p
     lib.sf_linear.restype = ctypes.c_int
     lib.sf_linear.argtypes = [p, i64, p, p, ctypes.c_int]
     return lib
