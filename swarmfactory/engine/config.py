@@ -35,6 +35,18 @@ DEFAULT_NATIVE_DECODE = 32
 KERNEL_PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
                    "champion": "champion:q4_1_matmul (the evidence store's champion for this hardware)"}
 NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
+# The kernel factory's problem whose kernels run inside the native decoder (native_matvec).
+NATIVE_MATVEC_PROBLEM = "q4_1_packed_matvec"
+
+
+def parse_native_matvec(spec: str) -> str | None:
+    """The candidate id a ``native_matvec`` value pins (None: the champion); ValueError if it
+    names nothing valid."""
+    prefix = f"champion:{NATIVE_MATVEC_PROBLEM}"
+    head, at, pin = spec.partition("@")
+    if head != prefix or (at and not pin.strip()):
+        raise ValueError(f"native_matvec {spec!r}: expected {prefix!r} or '{prefix}@CANDIDATE_ID'")
+    return pin.strip() or None
 
 
 class EngineConfig(BaseModel):
@@ -67,6 +79,12 @@ class EngineConfig(BaseModel):
     - ``native_prefill``: prompt tokens per step the native decoder takes along with its decode
       rows (at most ``prefill_chunk``); a step with more runs on torch. ``None``: measured on
       this machine; 0: prompts always run on torch. Needs the native decoder.
+    - ``native_matvec``: what runs the native decoder's Q4_1 matrices. ``None``: its built-in
+      loop; ``champion:q4_1_packed_matvec``: the evidence store's champion of the kernel
+      factory's problem for this hardware; ``champion:q4_1_packed_matvec@ID``: candidate ID,
+      which needs a correct evaluation on this hardware (``engine/native/matvec.py``). Compiled
+      into the decoder and checked before use; an error if it fails, never a silent fallback.
+      Needs the native decoder.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +100,7 @@ class EngineConfig(BaseModel):
     dense_above: dict[str, int] | None = None
     native_decode: int | None = Field(default=None, ge=0)
     native_prefill: int | None = Field(default=None, ge=0)
+    native_matvec: str | None = None
 
     @model_validator(mode="after")
     def _native_applies(self) -> "EngineConfig":
@@ -94,6 +113,11 @@ class EngineConfig(BaseModel):
         if self.native_prefill and not self.native_applies():
             raise ValueError("native_prefill needs the native decoder (weights q4_1, kv_dtype fp32, no kernels, "
                              "native_decode not 0)")
+        if self.native_matvec is not None:
+            parse_native_matvec(self.native_matvec)
+            if not self.native_applies():
+                raise ValueError("native_matvec needs the native decoder (weights q4_1, kv_dtype fp32, no kernels, "
+                                 "native_decode not 0)")
         return self
 
     def native_applies(self) -> bool:

@@ -4,7 +4,8 @@ What ``engine/native/decode.c`` runs for every Q4_1 matrix of a decode step (``m
 with exactly its data: the weight W [n, k] packed by the engine's own ``pack_records`` (groups of
 8 rows, one 160-byte record per block of 32 columns, the last group padded with zero rows) and
 the activations quantised by a port of its ``quantize_row`` (``engine/native_layout.py``).
-The template's default knobs are the decoder's current code, so the seed is the engine's loop.
+The template's default knobs are the decoder's current code, so the seed is the engine's loop;
+a candidate plugs back into the decoder with ``EngineConfig.native_matvec`` (engine/native/matvec.py).
 
 ABI::
 
@@ -19,8 +20,8 @@ matrix.
 
 Requirement beyond the harness's checks (the engine's batch invariance): every y[b, i] is
 computed by the same operations whatever ``batch`` and ``n`` are and whatever else is in the
-call, so a row's result is bitwise the same alone or in a batch (the tests check the template's
-variants for it).
+call, so a row's result is bitwise the same alone or in a batch; the engine checks this of a
+candidate before it runs it (``native.matvec.probe_matvec``).
 """
 
 from pathlib import Path
