@@ -2,7 +2,7 @@
 
 ``champion:q4_1_packed_matvec`` names the evidence store's current champion of that problem for
 this hardware; ``champion:q4_1_packed_matvec@ID`` pins candidate ID, which must have a correct
-evaluation (faster, not_faster or verified) of the current problem on this hardware. The store
+evaluation (not_faster, faster or verified) of the current problem on this hardware. The store
 is ``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``.
 
 The candidate's source passes the harness's static check and builds as the harness built it
@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from swarmfactory.harness.outcome import Outcome
+
 from ..config import NATIVE_MATVEC_PROBLEM as PROBLEM
 from ..config import parse_native_matvec as parse
 from ..kernels import Weight
@@ -29,7 +31,7 @@ from .library import NativeUnavailable, linear, load_library, probe, random_tens
 
 SIGNATURE = ("void q4_1_packed_matvec(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, "
              "float *y, int64_t n, int64_t k, int64_t batch)")
-CORRECT = ("faster", "not_faster", "verified")
+CORRECT = tuple(o.value for o in Outcome if o.correct)  # outcomes that passed verification
 
 
 @dataclass(frozen=True)
