@@ -36,6 +36,18 @@ KERNEL_PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
                    "champion": "champion:q4_1_matmul[@CANDIDATE] (the evidence store's champion for this "
                                "hardware, or the candidate pinned, which must have passed the harness here)"}
 NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
+# The kernel factory's problem whose kernels run inside the native decoder (native_matvec).
+NATIVE_MATVEC_PROBLEM = "q4_1_packed_matvec"
+
+
+def parse_native_matvec(spec: str) -> str | None:
+    """The candidate id a ``native_matvec`` value pins (None: the champion); ValueError if it
+    names nothing valid."""
+    prefix = f"champion:{NATIVE_MATVEC_PROBLEM}"
+    head, at, pin = spec.partition("@")
+    if head != prefix or (at and not pin.strip()):
+        raise ValueError(f"native_matvec {spec!r}: expected {prefix!r} or '{prefix}@CANDIDATE_ID'")
+    return pin.strip() or None
 
 
 class EngineConfig(BaseModel):
@@ -76,6 +88,12 @@ class EngineConfig(BaseModel):
       near ties when the batch changes). ``exact``: each sequence over exactly its own context,
       the same operations whatever else is in the step (batch invariant; one small matmul per
       sequence, slower at large batch). The native decoder is always exact.
+    - ``native_matvec``: what runs the native decoder's Q4_1 matrices. ``None``: its built-in
+      loop; ``champion:q4_1_packed_matvec``: the evidence store's champion of the kernel
+      factory's problem for this hardware; ``champion:q4_1_packed_matvec@ID``: candidate ID,
+      which needs a correct evaluation on this hardware (``engine/native/matvec.py``). Compiled
+      into the decoder and checked before use; an error if it fails, never a silent fallback.
+      Needs the native decoder.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -92,6 +110,7 @@ class EngineConfig(BaseModel):
     native_decode: int | None = Field(default=None, ge=0)
     native_prefill: int | None = Field(default=None, ge=0)
     attention: Literal["padded", "exact"] = "padded"
+    native_matvec: str | None = None
 
     @model_validator(mode="after")
     def _native_applies(self) -> "EngineConfig":
@@ -104,6 +123,11 @@ class EngineConfig(BaseModel):
         if self.native_prefill and not self.native_applies():
             raise ValueError("native_prefill needs the native decoder (weights q4_1, kv_dtype fp32, no kernels, "
                              "native_decode not 0)")
+        if self.native_matvec is not None:
+            parse_native_matvec(self.native_matvec)
+            if not self.native_applies():
+                raise ValueError("native_matvec needs the native decoder (weights q4_1, kv_dtype fp32, no kernels, "
+                                 "native_decode not 0)")
         return self
 
     def native_applies(self) -> bool:

@@ -21,7 +21,7 @@ from .capabilities import check, fallback
 from .config import DEFAULT_DENSE_ABOVE, OPS, EngineConfig
 from .kernels import Dense
 from .model import Llama
-from .native import NativeUnavailable, load_checked
+from .native import NativeUnavailable, load_checked, matvec
 from .native_seam import describe_all
 
 log = logging.getLogger("swarmfactory.engine")
@@ -43,13 +43,15 @@ class Paths:
     thresholds: str = "config"
     fallbacks: list[str] = field(default_factory=list)
     native_kernels: dict[str, dict] = field(default_factory=dict)  # op -> shared object (native_seam)
+    native_matvec: dict | None = None  # the decoder's Q4_1 matvec from the factory (native/matvec.py)
 
     def as_dict(self) -> dict:
         return {"cpu": self.cpu, "mask": self.mask, "torch_cpu": self.torch_cpu, "dense": self.dense,
                 "q4_kernel": self.q4_kernel, "native": self.native, "native_decode": self.native_decode,
                 "native_prefill": self.native_prefill, "dense_above": dict(self.dense_above),
                 "thresholds": self.thresholds, "fallbacks": list(self.fallbacks),
-                "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()}}
+                "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()},
+                "native_matvec": dict(self.native_matvec) if self.native_matvec else None}
 
     def summary(self) -> str:
         """One line for logs and `engine serve`."""
@@ -61,7 +63,10 @@ class Paths:
             parts.append(f"q4_1 kernel: {self.q4_kernel}")
             parts.append("dense_above " + (", ".join(f"{k}>{v}" for k, v in self.dense_above.items()) or "none"))
         if self.native:
-            parts.append(f"native decoder {self.native}: <= {self.native_decode} sequences"
+            mv = self.native_matvec
+            parts.append(f"native decoder {self.native}"
+                         + (f" (q4_1 matvec: candidate {mv['candidate']} of {mv['origin']})" if mv else "")
+                         + f": <= {self.native_decode} sequences"
                          + (f" + {self.native_prefill} prompt tokens" if self.native_prefill else ", prompts on torch"))
         elif self.q4_kernel:
             parts.append("native decoder off")
@@ -115,16 +120,21 @@ def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None
             paths.native = isa.name
             paths.fallbacks += fbs
         except NativeUnavailable as e:
-            if cfg.native_decode:  # asked for explicitly
+            if cfg.native_decode or cfg.native_matvec:  # asked for explicitly
                 raise
             paths.fallbacks.append(fallback("native decoder", str(e), "torch for every step"))
+        if lib is not None and cfg.native_matvec:  # the factory's kernel, for the path just checked
+            mv = matvec.resolve(cfg.native_matvec)
+            lib = matvec.load(mv, isa)
+            paths.native_matvec = mv.describe()
 
     threads = cfg.resolved_threads()
     need = q4 and (cfg.dense_above is None
                    or (lib is not None and (cfg.native_decode is None or cfg.native_prefill is None)))
     cal = None
     if need:
-        key = cal_mod.cache_key(model_path, threads, paths.native)
+        key = cal_mod.cache_key(model_path, threads, paths.native if not paths.native_matvec
+                                else f"{paths.native}+{matvec.PROBLEM}:{paths.native_matvec['candidate']}")
         cal = cal_mod.load_cached(key)
     # Thresholds are measured for the default kernels: an engine whose config names kernels
     # uses stored ones (or the shipped defaults) and never measures, and its named kernels
@@ -167,5 +177,5 @@ def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None
         paths.native_decode = min(nd, cfg.max_batch)
         paths.native_prefill = min(npf, cfg.prefill_chunk)
         if not paths.native_decode:
-            paths.native, lib = None, None
+            paths.native, paths.native_matvec, lib = None, None, None
     return model, lib, paths

@@ -35,19 +35,33 @@ KNOBS: dict[str, tuple] = {
     "threads": (0, 1),                               # 0: one per core
     "kernels": ("builtin", "champion"),              # the Q4_1 ops on the kernel factory's champion
     "attention": ("padded", "exact"),                # torch decode attention (engine/config.py)
+    "matvec": ("builtin", "champion"),               # the native decoder's Q4_1 loop: the factory's champion
 }
 
 DEFAULT_KNOBS = {"native_decode": None, "native_prefill": None, "dense": "calibrated", "kv_dtype": "fp32",
                  "prefill_chunk": 256, "max_batch": 32, "threads": 0, "kernels": "builtin",
-                "attention": "padded"}
+                "attention": "padded", "matvec": "builtin"}
 
 # ops stored as Q4_1 in a q4_1 GGUF (the output head is Q8_0): where a q4_1_matmul champion plugs in
 CHAMPION_OPS = ("qkv", "o", "gate_up", "down")
 CHAMPION_PROBLEM = "q4_1_matmul"
+MATVEC_PROBLEM = "q4_1_packed_matvec"  # the native decoder's hot loop (engine/native/matvec.py)
+# design knob -> the kernel-factory problem whose champion "champion" plugs in
+CHAMPION_KNOBS = {"kernels": CHAMPION_PROBLEM, "matvec": MATVEC_PROBLEM}
 
 
 class NoChampion(ConfigError):
     """A design asks for the kernel factory's champion where there is none."""
+
+
+def pins(cfg: EngineConfig) -> dict[str, str]:
+    """problem -> candidate id of every kernel-factory champion ``cfg`` pins (``champion:P@ID``)."""
+    out = {}
+    for name in [*cfg.kernels.values(), cfg.native_matvec or ""]:
+        if name.startswith("champion:") and "@" in name:
+            problem, _, cid = name.partition(":")[2].partition("@")
+            out[problem] = cid
+    return out
 
 
 @dataclass(frozen=True)
@@ -65,22 +79,27 @@ class Design:
         np_ = "calibrated" if k["native_prefill"] is None else k["native_prefill"]
         out = (f"native_decode={nd} native_prefill={np_} dense={k['dense']} kv={k['kv_dtype']} "
                f"chunk={k['prefill_chunk']} max_batch={k['max_batch']} threads={k['threads'] or 'all'}")
-        if k.get("kernels", "builtin") != "builtin":
-            out += f" kernels={CHAMPION_PROBLEM}@{(self.champion or '?')[:12]}"
+        if k.get("attention", "padded") != "padded":
+            out += f" attention={k['attention']}"
+        for knob, problem in CHAMPION_KNOBS.items():
+            if k.get(knob, "builtin") != "builtin":
+                out += f" {knob}={problem}@{(self.pins.get(problem) or '?')[:12]}"
         return out
 
     @property
+    def pins(self) -> dict[str, str]:
+        """problem -> the kernel-factory candidate this design runs (pinned in its config)."""
+        return pins(self.config)
+
+    @property
     def champion(self) -> str | None:
-        """The kernel candidate this design's Q4_1 ops run (pinned in its config), or None."""
-        for name in self.config.kernels.values():
-            if name.startswith(f"champion:{CHAMPION_PROBLEM}@"):
-                return name.partition("@")[2]
-        return None
+        """The q4_1_matmul candidate this design's Q4_1 ops run, or None."""
+        return self.pins.get(CHAMPION_PROBLEM)
 
 
 # config keys added after designs were first recorded: hashed only when not at their default, so
 # a design recorded before a key existed keeps its identity
-LATER_KEYS = {"attention": "padded"}
+LATER_KEYS = {"attention": "padded", "native_matvec": None}
 
 
 def design_key(cfg: EngineConfig) -> str:
@@ -92,15 +111,21 @@ def design_key(cfg: EngineConfig) -> str:
     return hashlib.sha256(("engine-design\n" + blob).encode()).hexdigest()[:20]
 
 
-def build(knobs: dict, base: EngineConfig, champion: str | None = None) -> Design:
+def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | None = None) -> Design:
     """The design for ``knobs`` on top of the run's base config (model, weights, max_seq_len).
 
-    ``kernels=champion`` runs the Q4_1 ops on the kernel factory's ``q4_1_matmul`` champion
-    ``champion`` (a candidate id), pinned in the config (``champion:q4_1_matmul@ID``): the design's
-    key then names the exact kernel, so a new champion makes a new design, verified afresh.
-    Raises ConfigError for a combination the engine refuses (e.g. native decode with a bf16 KV
-    cache) and NoChampion for ``kernels=champion`` without one; agents treat either as a
-    proposal to drop, never as an evaluation."""
+    ``champions``: problem -> candidate id of this hardware's kernel-factory champions (a bare id
+    is the ``q4_1_matmul`` one). ``kernels=champion`` runs the Q4_1 ops on the ``q4_1_matmul``
+    champion (``champion:q4_1_matmul@ID`` per op, the native decoder off); ``matvec=champion``
+    compiles the ``q4_1_packed_matvec`` champion into the native decoder
+    (``native_matvec: champion:q4_1_packed_matvec@ID``; only where the native decoder runs). Pinned
+    in the config, the id names the exact kernel, so a new champion makes a new design, verified
+    afresh. Raises ConfigError for a combination the engine refuses (e.g. native decode with a
+    bf16 KV cache) and NoChampion for a champion knob without a champion; agents treat either as
+    a proposal to drop, never as an evaluation."""
+    if isinstance(champions, str):
+        champions = {CHAMPION_PROBLEM: champions}
+    champions = champions or {}
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise ConfigError(f"unknown design knob(s): {', '.join(sorted(unknown))} (known: {', '.join(KNOBS)})")
@@ -115,13 +140,17 @@ def build(knobs: dict, base: EngineConfig, champion: str | None = None) -> Desig
     if base.weights != "q4_1":  # these keys mean nothing for bf16/fp32: pin them so designs dedupe
         data.update(native_decode=0, native_prefill=0, dense_above=None)
         k.update(native_decode=0, native_prefill=0, dense="calibrated", kernels="builtin")
+    for knob, problem in CHAMPION_KNOBS.items():
+        if base.weights == "q4_1" and k[knob] == "champion" and not champions.get(problem):
+            raise NoChampion(f"no {problem} champion on this hardware for {knob}=champion "
+                             f"(swarmfactory run --problems {problem} makes one)")
+    if base.weights != "q4_1":
+        k["matvec"] = "builtin"
     elif k["kernels"] == "champion":
-        if not champion:
-            raise NoChampion(f"no {CHAMPION_PROBLEM} champion on this hardware for kernels=champion "
-                             f"(swarmfactory run --problems {CHAMPION_PROBLEM} makes one)")
         # the named kernels must run, so the native decoder (its own kernels) is off
+        cid = champions[CHAMPION_PROBLEM]
         data.update(native_decode=0, native_prefill=0,
-                    kernels={**base.kernels, **{op: f"champion:{CHAMPION_PROBLEM}@{champion}" for op in CHAMPION_OPS}})
+                    kernels={**base.kernels, **{op: f"champion:{CHAMPION_PROBLEM}@{cid}" for op in CHAMPION_OPS}})
         k.update(native_decode=0, native_prefill=0)
     elif k["kv_dtype"] != "fp32" or k["native_decode"] == 0:
         data.update(native_decode=0, native_prefill=0)
@@ -132,6 +161,11 @@ def build(knobs: dict, base: EngineConfig, champion: str | None = None) -> Desig
             and data["native_prefill"] >= data["prefill_chunk"]):
         # every step on the native decoder (always exact): torch's attention never runs
         data["attention"], k["attention"] = "padded", "padded"
+    if k["matvec"] == "champion":
+        if data["native_decode"] == 0:  # no native decoder: nothing to plug it into
+            k["matvec"] = "builtin"
+        else:
+            data["native_matvec"] = f"champion:{MATVEC_PROBLEM}@{champions[MATVEC_PROBLEM]}"
     return Design(k, EngineConfig.from_dict(data))
 
 

@@ -58,6 +58,9 @@ MEANINGS = {
     "attention": "torch decode attention: padded = one batched matmul over the longest context, masked (fast, "
                  "not batch invariant bitwise); exact = each sequence over its own context (batch invariant, "
                  "one small matmul per sequence); the native decoder is always exact",
+    "matvec": "builtin = the native decoder's own Q4_1 loop; champion = the kernel factory's q4_1_packed_matvec "
+              "champion for this machine compiled into the native decoder (only where the native decoder runs; "
+              "offered only where a champion exists)",
 }
 
 

@@ -45,26 +45,29 @@ class Profile:
         return None
 
     def pinned_kernels(self) -> dict[str, str]:
-        """op -> ``champion:PROBLEM@ID`` for the kernel-factory kernels this design runs."""
+        """problem -> candidate id of the kernel-factory kernels this design runs (its linear ops'
+        ``champion:q4_1_matmul@ID``, its native decoder's ``champion:q4_1_packed_matvec@ID``)."""
         import yaml
 
-        kernels = (yaml.safe_load(self.config_yaml) or {}).get("kernels") or {}
-        return {op: name for op, name in kernels.items() if name.startswith("champion:") and "@" in name}
+        from swarmfactory.engine.config import EngineConfig
+
+        from .design import pins
+
+        return pins(EngineConfig.from_dict(yaml.safe_load(self.config_yaml) or {}))
 
     def kernel_check(self, store) -> tuple[str | None, str | None]:
         """(why the profile may not be served here, a note) about its pinned kernels: a kernel
         that no longer passes the harness here blocks it; a kernel champion that has moved on
         since is a note (the profile still runs the kernel it was verified with; ``engine tune``
         verifies and measures the same design on the new champion)."""
-        from swarmfactory.engine.native_seam import passed_here, current_champion, pinned_problem
+        from swarmfactory.engine.native_seam import current_champion, passed_here
         from swarmfactory.problems import load_problem
 
         notes = []
-        for spec in sorted(set(self.pinned_kernels().values())):
-            name, pin = pinned_problem(spec)
+        for name, pin in sorted(self.pinned_kernels().items()):
             why = passed_here(store, load_problem(name), pin)
             if why:
-                return f"runs {spec}: {why}", None
+                return f"runs champion:{name}@{pin}: {why}", None
             now = current_champion(name, store)
             if now != pin:
                 notes.append(f"its {name} kernel {pin[:12]} is no longer the champion here "

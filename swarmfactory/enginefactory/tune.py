@@ -428,16 +428,19 @@ class Tuner:
             raise TuneError(str(e)) from None
         self.problem = EngineProblem(self.model_path, model_digest(self.model_path), cfg)
         self.base = EngineConfig(model=cfg.model, weights=cfg.weights, max_seq_len=cfg.max_seq_len())
-        # the kernel factory's q4_1_matmul champion here: designs with kernels=champion pin it
+        # the kernel factory's champions here: designs with kernels=champion / matvec=champion pin them
         from swarmfactory.engine.native_seam import current_champion
 
-        self.kernel_champion = current_champion(D.CHAMPION_PROBLEM, store) if cfg.weights == "q4_1" else None
+        self.champions = {p: c for p in D.CHAMPION_KNOBS.values()
+                          if cfg.weights == "q4_1" and (c := current_champion(p, store))}
         self.fixed = dict(cfg.fixed)
-        if not self.kernel_champion:
-            if self.fixed.get("kernels") == "champion":
-                raise TuneError(f"kernels=champion: no {D.CHAMPION_PROBLEM} champion on this hardware in {store.url} "
-                                f"(swarmfactory run --problems {D.CHAMPION_PROBLEM} makes one)")
-            self.fixed["kernels"] = "builtin"
+        for knob, problem in D.CHAMPION_KNOBS.items():
+            if problem in self.champions:
+                continue
+            if self.fixed.get(knob) == "champion":
+                raise TuneError(f"{knob}=champion: no {problem} champion on this hardware in {store.url} "
+                                f"(swarmfactory run --problems {problem} makes one)")
+            self.fixed[knob] = "builtin"
         self.queue: list[tuple[D.Design, str, list[str]]] = []  # designs to evaluate before any new proposal
         self.outcomes: dict[str, tuple[str, str]] = {}  # design key -> (outcome, detail): what the LLM is shown
         self.rationale: dict[str, str] = {}  # design key -> the LLM's reason for proposing it
@@ -453,7 +456,7 @@ class Tuner:
         self._log(f"[{m:02d}:{sec:02d}] {msg}")
 
     def _build(self, knobs: dict) -> D.Design:
-        return D.build({**knobs, **self.fixed}, self.base, self.kernel_champion)
+        return D.build({**knobs, **self.fixed}, self.base, self.champions)
 
     # -- records ----------------------------------------------------------------------------------
     def _record(self, design: D.Design, verdict: Verdict, agent: str, operator: str, parents: list[str],
@@ -500,21 +503,21 @@ class Tuner:
         verified and measured first (the profile's first, then the best others), so a new kernel
         reaches the engine only through the end-to-end checks, and an engine never serves a
         kernel it was not verified with."""
-        stale = [e for e in self.entries if e.ratio > 0 and e.design.champion
-                 and e.design.champion != self.kernel_champion]
+        stale = [e for e in self.entries if e.ratio > 0
+                 and any(self.champions.get(p) != cid for p, cid in e.design.pins.items())]
         stale.sort(key=lambda e: (e is not self.prior_champion, -e.ratio))
         for e in stale[:3]:
-            try:
-                design = self._build(e.design.knobs) if self.kernel_champion else None
+            try:  # the same knobs on today's champions (a knob whose champion is gone falls back to builtin)
+                design = self._build({**e.design.knobs, **self.fixed})
             except Exception:
                 design = None
             if design is None or design.key in self.seen or any(design.key == q[0].key for q in self.queue):
                 continue
             self.queue.append((design, "requalify", [e.design.key]))
         if stale:
-            self.log(f"{len(stale)} design(s) ran {D.CHAMPION_PROBLEM} candidate(s) that are no longer the champion "
-                     f"here ({'now ' + self.kernel_champion[:12] if self.kernel_champion else 'none now'}): "
-                     f"{len(self.queue)} queued for re-verification")
+            now = ", ".join(f"{p} {c[:12]}" for p, c in self.champions.items()) or "none"
+            self.log(f"{len(stale)} design(s) ran kernel-factory candidates that are no longer the champions here "
+                     f"(now: {now}): {len(self.queue)} queued for re-verification")
 
     # -- evaluation ---------------------------------------------------------------------------------
     def _evaluate(self, design: D.Design, workdir: Path, note: str,

@@ -35,8 +35,8 @@ import numpy as np
 ArgKind = Literal["in", "out", "int", "float"]
 Shape = Mapping[str, int]
 
-NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int64": np.int64}
-C_TYPES = {"float32": "float", "uint8": "uint8_t", "int64": "int64_t"}
+NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int64": np.int64}
+C_TYPES = {"float32": "float", "uint8": "uint8_t", "int8": "int8_t", "int64": "int64_t"}
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
     for _ in range(200):
         k = D.make_invariant(D.random_knobs(rng), rng)
         assert D.batch_invariant(k), k
-        d = D.build(k, base, champion="0123abcd")  # every invariant design is a config the engine accepts
+        d = D.build(k, base, {"q4_1_matmul": "0123abcd", "q4_1_packed_matvec": "4567cdef"})  # every invariant design is a config the engine accepts
         keys.add(d.key)
         m = D.mutate(k, rng, 2)
         assert set(m) == set(D.KNOBS) and all(m[n] in D.KNOBS[n] for n in m)
@@ -57,17 +57,32 @@ def test_a_kernel_champion_is_pinned_so_a_new_champion_makes_a_new_design():
     knobs = {"kernels": "champion", "dense": "none", "native_decode": 32}
     with pytest.raises(D.NoChampion, match="no q4_1_matmul champion on this hardware"):
         D.build(knobs, base)
-    a, b = D.build(knobs, base, champion="aaaa1111"), D.build(knobs, base, champion="bbbb2222")
+    a, b = D.build(knobs, base, champions="aaaa1111"), D.build(knobs, base, champions="bbbb2222")
     assert a.config.kernels == {op: "champion:q4_1_matmul@aaaa1111" for op in D.CHAMPION_OPS}
     assert a.config.native_decode == 0 and a.config.native_prefill == 0  # the named kernels must run
     assert a.key != b.key and a.champion == "aaaa1111" and "q4_1_matmul@aaaa1111" in a.describe()
     assert not D.batch_invariant(a.knobs)  # padded attention
-    a = D.build({**knobs, "attention": "exact"}, base, champion="aaaa1111")
+    a = D.build({**knobs, "attention": "exact"}, base, champions="aaaa1111")
     assert D.batch_invariant(a.knobs) and not D.batch_invariant({**a.knobs, "dense": "early"})
     assert D.make_invariant({**a.knobs, "attention": "padded"}, random.Random(0))["attention"] == "exact"
-    assert D.build({}, base, champion="aaaa1111").config.kernels == {}  # builtin unless asked
+    assert D.build({}, base, champions="aaaa1111").config.kernels == {}  # builtin unless asked
     # fp32/bf16 designs have no Q4_1 ops: the knob is pinned to builtin
-    assert D.build(knobs, EngineConfig(weights="bf16"), champion="aaaa1111").config.kernels == {}
+    assert D.build(knobs, EngineConfig(weights="bf16"), champions="aaaa1111").config.kernels == {}
+    # the native decoder's hot loop from the factory: pinned the same way, only where it runs
+    champs = {"q4_1_matmul": "aaaa1111", "q4_1_packed_matvec": "cccc3333"}
+    m = D.build({"matvec": "champion", "native_decode": 32, "native_prefill": 64, "prefill_chunk": 64}, base, champs)
+    assert m.config.native_matvec == "champion:q4_1_packed_matvec@cccc3333" and m.pins == {"q4_1_packed_matvec": "cccc3333"}
+    assert "matvec=q4_1_packed_matvec@cccc3333" in m.describe() and D.batch_invariant(m.knobs)
+    off = D.build({"matvec": "champion", "native_decode": 0}, base, champs)
+    assert off.config.native_matvec is None and off.knobs["matvec"] == "builtin"
+    with pytest.raises(D.NoChampion, match="no q4_1_packed_matvec champion"):
+        D.build({"matvec": "champion"}, base, {"q4_1_matmul": "aaaa1111"})
+    # keys added to EngineConfig later do not change the id of a design recorded before them
+    import hashlib
+
+    legacy = {k: v for k, v in base.model_dump().items() if k not in D.LATER_KEYS}
+    assert D.design_key(base) == hashlib.sha256(("engine-design\n" + json.dumps(legacy, sort_keys=True))
+                                                .encode()).hexdigest()[:20]
     with pytest.raises(ConfigError, match="a pinned champion is @CANDIDATE_ID"):
         EngineConfig.from_dict({"kernels": {"o": "champion:q4_1_matmul@"}})
     with pytest.raises(ConfigError, match="a pinned champion is @CANDIDATE_ID"):
@@ -177,7 +192,8 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
     first = _kernel_champion(store, problem.render({"bb": 1}))
     cfg = TuneConfig(workloads=((16, 8),), concurrency=(1,), fixed=(("threads", THREADS), ("max_batch", 16)))
     tuner = Tuner(cfg, store)
-    assert tuner.kernel_champion == first
+    assert tuner.champions == {"q4_1_matmul": first}  # no q4_1_packed_matvec champion: that knob stays builtin
+    assert tuner.fixed["matvec"] == "builtin"
     design = tuner._build({"kernels": "champion", "dense": "none", "attention": "exact"})
     assert design.champion == first and set(design.config.kernels) == set(D.CHAMPION_OPS)
 

@@ -5,7 +5,9 @@
 host); ``library.py`` builds a path with the C backend, checks it against a reference on a tiny
 matrix and packs the GGUF blocks into its layout. ``NativeDecoder`` (here) calls it for steps
 of up to ``EngineConfig.native_decode`` decode sequences plus ``native_prefill`` prompt tokens.
-Other steps stay on torch; both paths share the KV cache.
+Other steps stay on torch; both paths share the KV cache. ``matvec.py`` compiles a kernel
+factory candidate of ``q4_1_packed_matvec`` into the decoder for its Q4_1 matrices
+(``EngineConfig.native_matvec``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import torch
 from ..gguf_loader import GGUFModel
 from ..kernels import Weight
 from ..kv_cache import KVCache
+from ..native_layout import ROWS
 from .isa import BASE_FLAGS, PATHS, IsaPath, path_named, runnable_paths
-from .library import (PROBE_TOLERANCE, ROWS, SYMBOL, NativeUnavailable, _Mat, linear, linear_error, load_checked,
+from .library import (PROBE_TOLERANCE, SYMBOL, NativeUnavailable, _Mat, linear, linear_error, load_checked,
                       load_library, pack, probe, random_tensor, reference_linear, source)
 
 __all__ = ["BASE_FLAGS", "PATHS", "PROBE_TOLERANCE", "ROWS", "SYMBOL", "IsaPath", "NativeDecoder", "NativeUnavailable",

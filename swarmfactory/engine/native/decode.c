@@ -22,6 +22,10 @@
  * ISA: AVX-512 VNNI (256-bit), AVX-VNNI, AVX2 or portable C, whichever the compiler flags
  * target (native/__init__.py builds each path with explicit flags; sf_isa() names the one
  * built).
+ *
+ * Built with -DSF_MATVEC_EXTERNAL and a kernel of the factory's q4_1_packed_matvec problem
+ * compiled after this file, Q4_1 matrices run that kernel instead of matmul_groups (Q8_0 ones,
+ * the output head, stay here); sf_matvec() says which.
  */
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +95,8 @@ typedef struct {
     /* scratch */
     float *x, *h, *qkv, *att, *gu, *ff, *cs, *scores;
     Act a_dim, a_ffn;      /* B rows each */
+    float *mv;             /* [threads, mv_len]: the external matvec's outputs (SF_MATVEC_EXTERNAL) */
+    int64_t mv_len;
 } Model;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -291,12 +297,51 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
 }
 #endif
 
-/* This thread's share of a matmul (an equal run of row groups), then a barrier. */
-static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy, int accumulate) {
+#ifdef SF_MATVEC_EXTERNAL
+/* The factory's kernel (problems/suites/cpu/q4_1_packed_matvec.py): y [batch, n] = the Q4_1
+ * records at w (n rows from the first) against quantised activations, every output computed
+ * the same whatever batch and n are (batch invariance, as here). */
+void q4_1_packed_matvec(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs,
+                        float *y, int64_t n, int64_t k, int64_t batch);
+#define SF_MATVEC "q4_1_packed_matvec"
+/* Output floats of one call, per thread: a thread's share runs in calls of at most this many
+ * outputs into its scratch, then copied (or added) into y with y's row stride. */
+#define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 64)
+
+static void matmul_external(const Mat *W, const Act *a, int64_t B, int64_t g0, int64_t g1,
+                            float *y, int64_t ldy, int accumulate, float *tmp, int64_t tmp_len) {
+    const int64_t rec = (W->cols / 32) * REC_Q4, step = tmp_len / (ROWS * B) > 0 ? tmp_len / (ROWS * B) : 1;
+    for (int64_t c0 = g0; c0 < g1; c0 += step) {
+        const int64_t c1 = c0 + step < g1 ? c0 + step : g1;
+        const int64_t r0 = ROWS * c0, n = (ROWS * c1 < W->rows ? ROWS * c1 : W->rows) - r0;
+        q4_1_packed_matvec(W->data + c0 * rec, a->q, a->d, a->s, tmp, n, W->cols, B);
+        for (int64_t b = 0; b < B; b++) {
+            float *dst = y + b * ldy + r0;
+            const float *src = tmp + b * n;
+            for (int64_t r = 0; r < n; r++) dst[r] = accumulate ? dst[r] + src[r] : src[r];
+        }
+    }
+}
+#else
+#define SF_MATVEC "builtin"
+#define MV_SCRATCH(max_b) ((int64_t)0)
+#endif
+
+/* This thread's share of a matmul (an equal run of row groups), then a barrier. ``scratch``:
+ * MV_SCRATCH floats per thread (for the external kernel). */
+static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy, int accumulate,
+                   float *scratch, int64_t scratch_len) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t groups = (W->rows + ROWS - 1) / ROWS;
     const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+#ifdef SF_MATVEC_EXTERNAL
+    if (W->type == SF_Q4_1) {
+        if (g0 < g1) matmul_external(W, a, B, g0, g1, y, ldy, accumulate, scratch + t * scratch_len, scratch_len);
+    } else
+#endif
     if (g0 < g1) matmul_groups(W, a, B, g0, g1, y, ldy, accumulate);
+    (void)scratch;
+    (void)scratch_len;
 #pragma omp barrier
 }
 
@@ -388,6 +433,8 @@ static void rope(float *x, const float *cs, int64_t D) {
 
 const char *sf_isa(void) { return SF_ISA; }
 
+const char *sf_matvec(void) { return SF_MATVEC; }
+
 static Act act_new(int64_t B, int64_t K) {
     Act a = {malloc(B * K), malloc(sizeof(float) * B * K / 32), malloc(sizeof(float) * B * K / 32),
              malloc(sizeof(int32_t) * B * K / 32)};
@@ -400,6 +447,7 @@ void sf_model_free(Model *M) {
     if (!M) return;
     free(M->x); free(M->h); free(M->qkv); free(M->att); free(M->gu); free(M->ff); free(M->cs);
     free(M->scores);
+    free(M->mv);
     act_free(&M->a_dim);
     act_free(&M->a_ffn);
     free(M);
@@ -428,7 +476,9 @@ Model *sf_model_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv
     M->scores = malloc(sizeof(float) * M->threads * max_len);
     M->a_dim = act_new(max_b, dim > att ? dim : att);
     M->a_ffn = act_new(max_b, ffn);
-    if (!M->x || !M->h || !M->qkv || !M->att || !M->gu || !M->ff || !M->cs || !M->scores ||
+    M->mv_len = MV_SCRATCH(max_b);
+    M->mv = M->mv_len ? malloc(sizeof(float) * M->threads * M->mv_len) : NULL;
+    if ((M->mv_len && !M->mv) || !M->x || !M->h || !M->qkv || !M->att || !M->gu || !M->ff || !M->cs || !M->scores ||
         !M->a_dim.q || !M->a_dim.d || !M->a_dim.s || !M->a_dim.c || !M->a_ffn.q || !M->a_ffn.d ||
         !M->a_ffn.s || !M->a_ffn.c) {
         sf_model_free(M);
@@ -472,7 +522,7 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
                 rms_norm(M->x + b * dim, M->norms[2 * l], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
-            matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0);
+            matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 float *row = M->qkv + b * QKV;
@@ -492,13 +542,13 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) quantize_row(M->att + b * ATT, ATT, &M->a_dim, b);
-            matmul(&W[1], &M->a_dim, B, M->x, dim, 1);
+            matmul(&W[1], &M->a_dim, B, M->x, dim, 1, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 rms_norm(M->x + b * dim, M->norms[2 * l + 1], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
-            matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0);
+            matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 const float *g = M->gu + b * 2 * F, *u = g + F;
@@ -506,14 +556,14 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
                 for (int64_t i = 0; i < F; i++) f[i] = silu(g[i]) * u[i];
                 quantize_row(f, F, &M->a_ffn, b);
             }
-            matmul(&W[3], &M->a_ffn, B, M->x, dim, 1);
+            matmul(&W[3], &M->a_ffn, B, M->x, dim, 1, M->mv, M->mv_len);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n_out; i++) {
             rms_norm(M->x + out_rows[i] * dim, M->norms[2 * M->n_layers], M->h + i * dim, dim, M->eps);
             quantize_row(M->h + i * dim, dim, &M->a_dim, i);
         }
-        if (n_out) matmul(&M->mats[4 * M->n_layers], &M->a_dim, n_out, logits, M->vocab, 0);
+        if (n_out) matmul(&M->mats[4 * M->n_layers], &M->a_dim, n_out, logits, M->vocab, 0, M->mv, M->mv_len);
     }
     return 0;
 }
@@ -522,11 +572,15 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
  * `threads` threads. For tests and for checking a machine's ISA path against a reference. */
 int sf_linear(const Mat *W, int64_t B, const float *x, float *y, int threads) {
     if (B < 1 || W->cols % 32) return -1;
+    threads = threads > 0 ? threads : 1;
     Act a = act_new(B, W->cols);
-    if (!a.q || !a.d || !a.s || !a.c) { act_free(&a); return -1; }
+    const int64_t mv_len = MV_SCRATCH(B);
+    float *mv = mv_len ? malloc(sizeof(float) * threads * mv_len) : NULL;
+    if (!a.q || !a.d || !a.s || !a.c || (mv_len && !mv)) { act_free(&a); free(mv); return -1; }
     for (int64_t b = 0; b < B; b++) quantize_row(x + b * W->cols, W->cols, &a, b);
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
-    matmul(W, &a, B, y, W->rows, 0);
+#pragma omp parallel num_threads(threads)
+    matmul(W, &a, B, y, W->rows, 0, mv, mv_len);
     act_free(&a);
+    free(mv);
     return 0;
 }

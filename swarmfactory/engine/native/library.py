@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..gguf_loader import QuantTensor
 from ..kernels import Weight
+from ..native_layout import pack_records
 from .isa import BASE_FLAGS, IsaPath, runnable_paths
 
 SYMBOL = "sf_decode"
@@ -32,19 +33,27 @@ def source() -> str:
     return files(__package__).joinpath("decode.c").read_text()
 
 
-def load_library(path: IsaPath | tuple[str, ...] | None = None):
+def load_library(path: IsaPath | tuple[str, ...] | None = None, matvec=None):
     """Build (or reuse) decode.c for one ISA path (default: the best this CPU runs; a tuple is
-    taken as raw compiler flags) and load it with ctypes. Does not check it: see ``probe``."""
+    taken as raw compiler flags) and load it with ctypes. Does not check it: see ``probe``.
+    ``matvec`` (a ``matvec.Matvec``): its q4_1_packed_matvec source is compiled after decode.c
+    with -DSF_MATVEC_EXTERNAL, and Q4_1 matrices run it."""
     from swarmfactory.backends.base import BuildError
     from swarmfactory.backends.c import CBackend
 
     if path is None:
         path = runnable_paths()[0]
     flags = path if isinstance(path, tuple) else (*path.flags, *BASE_FLAGS)
+    src, proto, what = source(), None, "native decoder"
+    if matvec is not None:  # after decode.c, so that no macro of the kernel reaches the decoder
+        from .matvec import SIGNATURE
+
+        src = f"{src}\n/* {matvec.label} */\n#line 1 \"{matvec.candidate}.c\"\n{matvec.source}"
+        flags, proto, what = (*flags, "-DSF_MATVEC_EXTERNAL"), SIGNATURE, f"native decoder with {matvec.label}"
     try:
-        art = CBackend().build(source(), SYMBOL, tuple(flags))
+        art = CBackend().build(src, SYMBOL, tuple(flags), prototype=proto)
     except BuildError as e:
-        raise NativeUnavailable(f"native decoder did not build: {e}") from None
+        raise NativeUnavailable(f"{what} did not build: {e}") from None
     lib = ctypes.CDLL(art.path, mode=ctypes.RTLD_LOCAL)
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.sf_model_new.restype = p
@@ -54,6 +63,7 @@ def load_library(path: IsaPath | tuple[str, ...] | None = None):
     lib.sf_model_free.restype = None
     lib.sf_model_free.argtypes = [p]
     lib.sf_isa.restype = ctypes.c_char_p
+    lib.sf_matvec.restype = ctypes.c_char_p
     lib.sf_linear.restype = ctypes.c_int
     lib.sf_linear.argtypes = [p, i64, p, p, ctypes.c_int]
     return lib
@@ -147,33 +157,17 @@ def linear(lib, weight: Weight, x: torch.Tensor, threads: int = 1) -> torch.Tens
     return y
 
 
-ROWS = 8  # rows per group in decode.c's layout
-
-
 def pack(weight: Weight) -> tuple[_Mat, torch.Tensor]:
-    """The weight in decode.c's layout (see its Mat comment): groups of 8 rows interleaved by
-    quads of 4 elements, one record per block of 32 columns with the rows' fp16 scales after
-    the quants (Q4_1: 128 + 16 + 16 bytes; Q8_0, w + 128 stored unsigned: 256 + 16 bytes)."""
+    """The weight in decode.c's layout (``native_layout.pack_records``, see its Mat comment):
+    groups of 8 rows interleaved by quads of 4 elements, one record per block of 32 columns with
+    the rows' fp16 scales after the quants (Q4_1: 128 + 16 + 16 bytes; Q8_0, w + 128 stored
+    unsigned: 256 + 16 bytes)."""
     qt = weight.qtype
     if qt not in _TYPES:
         got = ", ".join(sorted(q.name for q in weight.qtypes))
         raise NativeUnavailable(f"native decoder needs Q4_1 or Q8_0 weights; {weight.name} is {got}")
     if weight.cols % 32:
         raise NativeUnavailable(f"{weight.name}: {weight.cols} columns is not a multiple of 32")
-    nb, groups = weight.cols // 32, -(-weight.rows // ROWS)
-    b = weight.blocks().view(weight.rows, nb, -1)
-    if groups * ROWS != weight.rows:  # zero rows (d = m = 0) fill the last group
-        b = torch.cat([b, b.new_zeros(groups * ROWS - weight.rows, nb, b.shape[-1])])
-    b = b.view(groups, ROWS, nb, -1).transpose(1, 2)  # [groups, nb, rows, block bytes]
-
-    def interleave(q: torch.Tensor) -> torch.Tensor:  # [g, nb, rows, 4k] -> [g, nb, k, rows, 4]
-        return q.reshape(groups, nb, ROWS, -1, 4).transpose(2, 3).reshape(groups, nb, -1)
-
-    d = b[..., 0:2].reshape(groups, nb, 2 * ROWS)
-    if qt == QT.Q4_1:
-        rec = torch.cat([interleave(b[..., 4:20]), d, b[..., 2:4].reshape(groups, nb, 2 * ROWS)], -1)
-    else:
-        q = b[..., 2:34].contiguous().view(torch.int8).to(torch.int16).add(128).to(torch.uint8)
-        rec = torch.cat([interleave(q), d], -1)
-    rec = rec.contiguous()
+    blocks = weight.blocks().contiguous().numpy().reshape(weight.rows, weight.cols // 32, -1)
+    rec = torch.from_numpy(pack_records(blocks, "q4_1" if qt == QT.Q4_1 else "q8_0"))
     return _Mat(_TYPES[qt], weight.rows, weight.cols, rec.data_ptr()), rec

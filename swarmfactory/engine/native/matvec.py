@@ -1,0 +1,141 @@
+"""The kernel factory's q4_1_packed_matvec inside the native decoder (``EngineConfig.native_matvec``).
+
+``champion:q4_1_packed_matvec`` names the evidence store's current champion of that problem for
+this hardware; ``champion:q4_1_packed_matvec@ID`` pins candidate ID, which must have a correct
+evaluation (not_faster, faster or verified) of the current problem on this hardware. The store
+is ``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``.
+
+The candidate's source passes the harness's static check and builds as the harness built it
+(default flags, the ABI declared ahead, the checks on what the compiler produced); then it is
+compiled after decode.c with ``-DSF_MATVEC_EXTERNAL`` for the decoder's ISA path, and that
+library must pass the decoder's probe (``library.probe``) and the batch-invariance check
+(``probe_matvec``) before the engine uses it. Any failure is an error naming the candidate: a
+config that asks for a kernel never silently runs another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from swarmfactory.harness.outcome import Outcome
+
+from ..config import NATIVE_MATVEC_PROBLEM as PROBLEM
+from ..config import parse_native_matvec as parse
+from ..kernels import Weight
+from .isa import IsaPath
+from .library import NativeUnavailable, linear, load_library, probe, random_tensor
+
+SIGNATURE = ("void q4_1_packed_matvec(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, "
+             "float *y, int64_t n, int64_t k, int64_t batch)")
+CORRECT = tuple(o.value for o in Outcome if o.correct)  # outcomes that passed verification
+
+
+@dataclass(frozen=True)
+class Matvec:
+    """One candidate of q4_1_packed_matvec, ready to compile into the decoder."""
+
+    spec: str  # as the config names it
+    candidate: str
+    source: str
+    origin: str  # the store
+    speedup: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{PROBLEM} candidate {self.candidate}"
+
+    def describe(self) -> dict:
+        d = {"spec": self.spec, "candidate": self.candidate, "origin": self.origin}
+        if self.speedup is not None:
+            d["speedup"] = self.speedup
+        return d
+
+
+def resolve(spec: str) -> Matvec:
+    """Look the candidate up in the evidence store and build it as the harness did."""
+    from swarmfactory.backends.base import BuildError, CheatError
+    from swarmfactory.backends.c import CBackend
+    from swarmfactory.evidence.store import Store, StoreError
+    from swarmfactory.harness.static import check_source
+    from swarmfactory.problems import load_problem
+
+    pin = parse(spec)
+    problem = load_problem(PROBLEM)
+    if problem.c_signature != SIGNATURE:
+        raise NativeUnavailable(f"{spec}: the problem's ABI is now {problem.c_signature}, the decoder calls {SIGNATURE}")
+    try:
+        store = Store(None, create=False)
+    except StoreError as e:
+        raise NativeUnavailable(f"{spec}: {e}") from None
+    try:
+        where = store.url
+        if pin is None:
+            champ = store.champion(problem)
+            if champ is None:
+                raise NativeUnavailable(f"{spec}: no champion of {PROBLEM} for this hardware (and this version of "
+                                        f"the problem) in {where}; run the kernel factory on it first "
+                                        f"(`swarmfactory run --problems {PROBLEM}`)")
+            cand_id, speedup = champ["candidate_id"], champ.get("speedup")
+        else:
+            cand_id = pin
+            evs = [e for e in store.evaluations(problem=PROBLEM, candidate_id=pin, this_hardware=True)
+                   if e["problem_spec"] == problem.spec_hash()]
+            if not any(e["outcome"] in CORRECT for e in evs):
+                raise NativeUnavailable(f"{spec}: candidate {pin} has no correct evaluation ({', '.join(CORRECT)}) "
+                                        f"of this version of {PROBLEM} on this hardware in {where}")
+            if evs[-1]["outcome"] not in CORRECT:  # a case found later broke it
+                raise NativeUnavailable(f"{spec}: candidate {pin} no longer passes the harness on this hardware "
+                                        f"(latest: {evs[-1]['outcome']}) in {where}")
+            speedup = evs[-1]["speedup"]
+        cand = store.candidate(cand_id)
+    finally:
+        store.engine.dispose()
+    if cand is None or cand["problem"] != PROBLEM:
+        raise NativeUnavailable(f"{spec}: candidate {cand_id} of {PROBLEM} is missing from the candidates of {where}")
+    if cand["backend"] != "c" or cand["flags"]:
+        raise NativeUnavailable(f"{spec}: candidate {cand_id} is not a plain C kernel (backend {cand['backend']!r}, "
+                                f"flags {cand['flags']}); the decoder compiles C source only")
+    reason = check_source(cand["source"])
+    if reason:
+        raise NativeUnavailable(f"{spec}: candidate {cand_id} fails the static check: {reason}")
+    try:  # as the harness built it: its cache entry, the same checks
+        CBackend().build(cand["source"], PROBLEM, prototype=problem.c_prototype, checks=True)
+    except (BuildError, CheatError) as e:
+        raise NativeUnavailable(f"{spec}: candidate {cand_id} did not build: {e}") from None
+    return Matvec(spec, cand_id, cand["source"], where, speedup)
+
+
+def probe_matvec(lib) -> str | None:
+    """The decoder's batch invariance with the external kernel: each row's outputs bitwise the
+    same alone, in a batch (across any batch tiling) and on 1 or 3 threads (other row splits).
+    None if so, else what differed."""
+    for rows, cols in ((10, 96), (67, 288)):
+        weight = Weight([random_tensor(QT.Q4_1, rows, cols, seed=rows)])
+        x = torch.randn(19, cols, generator=torch.Generator().manual_seed(cols)) * 3
+        full = linear(lib, weight, x, threads=3).numpy()
+        if not np.array_equal(linear(lib, weight, x, threads=1).numpy(), full):
+            return f"Q4_1 [{rows} x {cols}]: outputs differ between 1 and 3 threads"
+        for b in (0, 7, 18):
+            if not np.array_equal(linear(lib, weight, x[b:b + 1], threads=3).numpy()[0], full[b]):
+                return f"Q4_1 [{rows} x {cols}]: row {b} alone differs from the same row in a batch of 19"
+    return None
+
+
+def load(mv: Matvec, path: IsaPath):
+    """decode.c with ``mv`` compiled in for ``path``, checked; NativeUnavailable naming the
+    candidate where it does not build or fails a check."""
+    lib = load_library(path, matvec=mv)
+    bad = probe(lib) or probe_matvec(lib)
+    if bad is not None:
+        raise NativeUnavailable(f"{mv.spec}: the native decoder with {mv.label} ({path.name} path) failed its "
+                                f"check ({bad}); it is not used")
+    if lib.sf_matvec().decode() != PROBLEM:
+        raise NativeUnavailable(f"{mv.spec}: the library built with {mv.label} does not call it")
+    return lib
+
+
+__all__ = ["CORRECT", "PROBLEM", "SIGNATURE", "Matvec", "load", "parse", "probe_matvec", "resolve"]
