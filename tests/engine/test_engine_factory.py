@@ -254,6 +254,19 @@ def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measure
     assert [(lv["concurrency"], lv["completed"]) for lv in screen["16x8"]] == [(1, 2), (3, 3)]  # one wave
     assert verdict.evidence["screen_fitness"] > 0 and "serving" not in verdict.evidence
 
+    # a level that runs past its cap (SCREEN_CAP x the default design's time for it) is cut short
+    import swarmfactory.enginefactory.tune as T
+
+    T.SCREEN_SLACK_S, slack = 0.0, T.SCREEN_SLACK_S
+    try:
+        tuner.default.screen_levels = {"16x8": [{"concurrency": 1, "duration_s": 0.0},
+                                                {"concurrency": 3, "duration_s": 1.0}]}
+        verdict, srv = tuner._evaluate(design, tmp_path, "test")
+    finally:
+        T.SCREEN_SLACK_S = slack
+    assert srv is None and verdict.evidence["screened_out"] and "screen_fitness" not in verdict.evidence
+    assert verdict.detail.startswith("screened out: 16x8 c=1 took over 0 s on the short measurement"), verdict.detail
+
 
 # -- a real tune run ---------------------------------------------------------------------------------
 def _cli(*args, env=None, **kw):
