@@ -701,15 +701,16 @@ class Tuner:
         back to back; both rounds must favour the challenger by min_effect. Returns (won, low
         ratio, high ratio) of challenger over ``against``."""
         first = challenger.fitness / against.fitness
+        deadline = self.deadline + GRACE_S  # like any measurement: OutOfTime past it (not confirmed)
         start = start_design(against.design.config, self.reference, workdir, serve_anyway=against is self.default,
                              store_url=self.store.url)
         if start.server is None:  # it no longer starts: the challenger wins by default
             return True, first, first
         try:
-            base_fit, _ = fitness(start.server.measure(self.cfg), self.cfg.ttft_p99_s)
+            base_fit, _ = fitness(start.server.measure(self.cfg, deadline=deadline), self.cfg.ttft_p99_s)
         finally:
             start.server.close()
-        ch_fit, over = fitness(ch_srv.measure(self.cfg), self.cfg.ttft_p99_s)
+        ch_fit, over = fitness(ch_srv.measure(self.cfg, deadline=deadline), self.cfg.ttft_p99_s)
         second = ch_fit / base_fit if base_fit else float("inf")
         lo, hi = min(first, second), max(first, second)
         return (over is None and lo > 1 + self.cfg.min_effect), lo, hi
@@ -828,7 +829,16 @@ class Tuner:
                     against = self.champion or self.default
                     within = verdict.evidence.get("over_ceiling") is None
                     if within and fit > against.fitness * (1 + self.cfg.min_effect):
-                        won, lo, hi = self._confirm(entry, srv, workdir, against)
+                        try:
+                            if deadline - time.monotonic() < 1.5 * verdict.seconds:
+                                raise OutOfTime("two more measurements do not fit in the time left")
+                            won, lo, hi = self._confirm(entry, srv, workdir, against)
+                        except OutOfTime as e:
+                            won, lo = False, entry.fitness / against.fitness
+                            hi = lo
+                            verdict.evidence["unconfirmed"] = str(e)
+                            self.log(f"{note}: {lo:.2f}x the {'champion' if self.champion else 'default'} in one "
+                                     f"round, not confirmed ({e}); a longer --time would confirm it")
                         verdict.evidence["vs_champion"] = [lo, hi]
                         if won:
                             verdict.outcome = Outcome.FASTER
