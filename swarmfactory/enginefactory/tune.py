@@ -648,12 +648,36 @@ class Tuner:
             self.queue.append((design, self.llm.name, []))
         self.llm.submit(D.KNOBS, self._measured(), self.fixed, 3)
 
+    def _champion_swap(self) -> tuple[D.Design, str, list[str]] | None:
+        """The best verified design with a kernel-factory champion plugged in, for each champion
+        knob no design of this problem has tried yet: what a new kernel does for the engine is
+        measured early instead of waiting for a random draw."""
+        best = max((e for e in self.entries if e.ratio > 0), key=lambda e: e.ratio, default=None)
+        if best is None:
+            return None
+        for knob in D.CHAMPION_KNOBS:
+            if self.fixed.get(knob) or any(e.design.knobs.get(knob) == "champion" for e in self.entries):
+                continue
+            knobs = {**best.design.knobs, knob: "champion"}
+            if self.cfg.weights == "q4_1":
+                knobs = D.make_invariant(knobs, self.rng)
+            try:
+                design = self._build(knobs)
+            except Exception:  # noqa: BLE001 - a combination the engine refuses
+                continue
+            if design.knobs.get(knob) == "champion" and design.key not in self.seen:
+                return design, "champion", [best.design.key]
+        return None
+
     def _propose(self) -> tuple[D.Design, str, list[str]] | None:
         self._ask_llm()
         while self.queue:
             item = self.queue.pop(0)
             if item[0].key not in self.seen:
                 return item
+        swap = self._champion_swap()
+        if swap is not None:
+            return swap
         ok = sorted((e for e in self.entries if e.ratio > 0), key=lambda e: -e.ratio)
         seen_knobs = [(e.design.knobs, e.ratio) for e in self.entries]
         if self.default is not None and self.default not in self.entries:  # measured, though not verified

@@ -231,6 +231,31 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
     assert prof is None and f"runs champion:q4_1_matmul@{first}: candidate {first} no longer passes" in line
 
 
+def test_a_new_kernel_champion_is_tried_in_the_best_design_first(tmp_path, monkeypatch):
+    """No engine: the proposal step. With a q4_1_matmul champion in the store and no design on it
+    yet, the next proposal is the best verified design with the champion's kernels (and then the
+    tuner's own search); without a champion the knob stays builtin."""
+    from swarmfactory.enginefactory.tune import Entry, TuneConfig, Tuner
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.problems import load_problem
+
+    store = Store(str(tmp_path / "e.db"))
+    cfg = TuneConfig(workloads=((16, 8),), concurrency=(1,))
+    plain = Tuner(cfg, store)
+    assert plain.champions == {} and plain.fixed["kernels"] == plain.fixed["matvec"] == "builtin"
+    cid = _kernel_champion(store, load_problem("q4_1_matmul").render({"bb": 1}))
+    tuner = Tuner(cfg, store)
+    tuner.default = Entry(D.build({}, tuner.base), 1.0, 10.0)
+    best = tuner._build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 64})
+    tuner.entries = [Entry(best, 1.2, 12.0), Entry(tuner._build({"max_batch": 16}), 0.9, 9.0)]
+    design, agent, parents = tuner._propose()
+    assert agent == "champion" and parents == [best.key] and design.champion == cid
+    assert design.knobs["max_batch"] == 64 and D.batch_invariant(design.knobs)
+    tuner.seen.add(design.key)
+    tuner.entries.append(Entry(design, 0.8, 8.0))
+    assert tuner._propose()[1] != "champion"  # tried once: back to the search
+
+
 # -- screening ----------------------------------------------------------------------------------------
 def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measured_in_full(reference, tmp_path):
     """A real design, verified and served, measured briefly (the first workload, one wave per level)
