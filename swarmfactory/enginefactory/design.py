@@ -242,6 +242,7 @@ def features(knobs: dict) -> list[float]:
     (``None``/calibrated counts as its own position)."""
     out = []
     for name, vals in KNOBS.items():
-        i = vals.index(knobs.get(name, DEFAULT_KNOBS[name])) if knobs.get(name, DEFAULT_KNOBS[name]) in vals else 0
+        val = knobs.get(name, DEFAULT_KNOBS[name])
+        i = vals.index(val) if val in vals else 0
         out.append(i / max(1, len(vals) - 1))
     return out

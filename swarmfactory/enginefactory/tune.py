@@ -35,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+
+import yaml
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -496,8 +498,6 @@ class Tuner:
             if ev["purpose"] != "search":
                 continue
             try:  # the design as it was evaluated (a pinned kernel champion included)
-                import yaml
-
                 design = D.Design({**D.DEFAULT_KNOBS, **cand["knobs"]},
                                   EngineConfig.from_dict(yaml.safe_load(cand["source"])))
             except Exception:
@@ -521,12 +521,11 @@ class Tuner:
         stale.sort(key=lambda e: (e is not self.prior_champion, -e.ratio))
         for e in stale[:3]:
             try:  # the same knobs on today's champions (a knob whose champion is gone falls back to builtin)
-                design = self._build({**e.design.knobs, **self.fixed})
+                design = self._build(e.design.knobs)
             except Exception:
                 design = None
-            if design is None or design.key in self.seen or any(design.key == q[0].key for q in self.queue):
-                continue
-            self.queue.append((design, "requalify", [e.design.key]))
+            if design is not None and self._is_new(design):
+                self.queue.append((design, "requalify", [e.design.key]))
         if stale:
             now = ", ".join(f"{p} {c[:12]}" for p, c in self.champions.items()) or "none"
             self.log(f"{len(stale)} design(s) ran kernel-factory candidates that are no longer the champions here "
@@ -545,31 +544,29 @@ class Tuner:
         on_level = lambda wl, lv: self.progress.update(  # noqa: E731
             self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s")
         screen, screen_fit = None, None
+
+        def screened_out(detail: str, **evidence) -> tuple[Verdict, None]:
+            srv.close()
+            return Verdict(Outcome.NOT_FASTER, f"screened out: {detail}", "measure", seconds=time.perf_counter() - t0,
+                           cases_checked=3, evidence={**evidence, "screened_out": True, "fitness": 0.0,
+                                                      "paths": start.loaded.get("paths"),
+                                                      "verify": start.verified.get("evidence", {})}), None
+
         try:
             if self.cfg.screen is not None:
                 try:
                     screen = srv.measure(self.cfg, on_level=on_level, screen=True, caps=None if baseline else
                                          self._screen_caps(), deadline=None if baseline else self.deadline + GRACE_S)
                 except TooSlow as e:
-                    srv.close()
-                    return Verdict(Outcome.NOT_FASTER, f"screened out: {e} on the short measurement (the cap: "
-                                   f"{SCREEN_CAP:g}x the default design's time for that level)", "measure",
-                                   seconds=time.perf_counter() - t0, cases_checked=3,
-                                   evidence={"screened_out": True, "too_slow": str(e), "fitness": 0.0,
-                                             "paths": start.loaded.get("paths"),
-                                             "verify": start.verified.get("evidence", {})}), None
+                    return screened_out(f"{e} on the short measurement (the cap: {SCREEN_CAP:g}x the default "
+                                        "design's time for that level)", too_slow=str(e))
                 screen_fit, _ = fitness(screen, None)
                 bar = self._screen_bar()
                 if not baseline and bar and screen_fit < bar * (1 - self.cfg.screen):
-                    srv.close()
                     ratio = screen_fit / self.default.screen if self.default and self.default.screen else 0.0
-                    return Verdict(Outcome.NOT_FASTER,
-                                   f"screened out: {screen_fit:.1f} tok/s on the short measurement, more than "
-                                   f"{self.cfg.screen:.0%} under the champion's {bar:.1f} (~{ratio:.2f}x the default)",
-                                   "measure", seconds=time.perf_counter() - t0, cases_checked=3,
-                                   evidence={"screen": screen, "screen_fitness": screen_fit, "screened_out": True,
-                                             "fitness": 0.0, "paths": start.loaded.get("paths"),
-                                             "verify": start.verified.get("evidence", {})}), None
+                    return screened_out(f"{screen_fit:.1f} tok/s on the short measurement, more than "
+                                        f"{self.cfg.screen:.0%} under the champion's {bar:.1f} (~{ratio:.2f}x the "
+                                        "default)", screen=screen, screen_fitness=screen_fit)
             serving = srv.measure(self.cfg, on_level=on_level, deadline=None if baseline else self.deadline + GRACE_S)
             if baseline and screen is not None:
                 # the bar every design's short figure is held to: measured a second time, after the
@@ -620,6 +617,10 @@ class Tuner:
             return None
         return against.screen or against.ratio * self.default.screen
 
+    def _is_new(self, design: D.Design) -> bool:
+        """Neither evaluated (this run or an earlier one here) nor already queued."""
+        return design.key not in self.seen and all(design.key != q[0].key for q in self.queue)
+
     def _measured(self) -> list[dict]:
         """The designs measured so far, as the design LLM is shown them."""
         rows = []
@@ -639,7 +640,7 @@ class Tuner:
             except Exception as e:  # noqa: BLE001 - a refused combination is dropped, with the reason
                 self.log(f"{self.llm.name}: proposal dropped: {e}")
                 continue
-            if design.key in self.seen or any(design.key == q[0].key for q in self.queue):
+            if not self._is_new(design):
                 continue
             if self.cfg.weights == "q4_1" and not D.batch_invariant(design.knobs):
                 self.log(f"{self.llm.name}: proposal dropped: not batch invariant ({design.describe()})")
