@@ -71,6 +71,24 @@ class Engine:
         self.load_seconds = time.perf_counter() - t0
         self._stop_ids = self.tokenizer.stop_token_ids
 
+    def kernel_audit(self) -> dict:
+        """How the kernel-factory code this engine runs fared in the audit while serving
+        (engine/audit.py): per seam, calls, audited calls and, once caught, what was reported."""
+        from .native_seam import NativeLinear
+
+        out: dict = {"native_kernels": {}, "native_matvec": None}
+        for op in ("qkv", "o", "gate_up", "down"):
+            k = getattr(self.model.layers[0], op).kernel if self.model.layers else None
+            if isinstance(k, NativeLinear):
+                st = k.audit_state
+                out["native_kernels"][op] = {"calls": st["calls"], "audited": st["audited"],
+                                             "dropped": st["dropped"], "audit": k.check}
+        ext = getattr(self.native, "_ext", None)
+        if ext is not None:
+            out["native_matvec"] = {"calls": ext.calls, "audited": ext.audited, "dropped": self.native.lib.dropped(),
+                                    "audit": bool(ext.audit)}
+        return out
+
     # -- serving API -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         params = params or SamplingParams()

@@ -27,11 +27,17 @@ harness's sandbox. Only libraries a user names and champions that passed the har
 loaded, and before serving every weight is checked once (``CHECK_ROWS`` rows of random
 activations against the dequantised reference, guard zones around the output, inputs
 unchanged): a broken library fails the load with its error instead of serving wrong tokens.
+A library can still be wrong where those rows never look (another batch size, a position), so
+while serving its calls are audited (``NativeLinear.audit``): the first call at each batch size
+and a random ``AUDIT_SHARE`` of the others have ``AUDIT_ROWS`` random output rows recomputed
+from the dequantised weight. At the first mismatch the library is dropped for every op that runs
+it, the call is computed again by the op's built-in kernel (as are all later ones) and the
+finding goes to the evidence store (``engine/audit.py``).
 Tests that must show a broken kernel caught elsewhere (the engine factory's end-to-end
-verifier) skip that check with ``kernel_class(path, check=False)`` in their own process, or,
-for an engine loaded in a child process, ``SWARMFACTORY_TEST_UNCHECKED_KERNELS=1`` in its
-environment (logged as a warning, and shown as ``checked: false`` in the engine's paths). No
-config key or CLI option reaches either.
+verifier) skip the checks and the audit with ``kernel_class(path, check=False)`` in their own
+process, or, for an engine loaded in a child process, ``SWARMFACTORY_TEST_UNCHECKED_KERNELS=1``
+in its environment (logged as a warning, and shown as ``checked: false`` in the engine's
+paths). No config key or CLI option reaches either.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +70,12 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, 
 # that passed the harness is far inside it, a wrong layout, scale or tail far outside.
 CHECK_ROWS = (1, 5)
 CHECK_TOL = 1e-3
+# The audit while serving: output rows recomputed per audited call, and the share of calls at an
+# already-audited batch size that are audited (each a fresh random draw the library cannot
+# foresee); an audited call costs about AUDIT_ROWS / out_features of the call plus ~50 us.
+AUDIT_ROWS = 8
+AUDIT_SHARE = 1 / 16
+AUDIT_SCALE = 1e-5  # of sum |x||w| per output, on top of the load check's tolerance (as decode.c's audit)
 _GUARD = 64  # floats of sentinel on each side of the output
 _SENTINEL = 1234.5
 UNCHECKED_ENV = "SWARMFACTORY_TEST_UNCHECKED_KERNELS"  # tests only: see the module docstring
@@ -108,6 +121,7 @@ class NativeLinear(LinearKernel):
     qtypes = frozenset({QT.Q4_1})
     library: ClassVar[Library]
     check: ClassVar[bool] = True
+    audit_state: ClassVar[dict]  # per library: calls, audited, dropped (what was reported), rng
 
     def __init__(self, weight: Weight, act_dtype: torch.dtype):
         if not weight.qtypes <= self.qtypes:
@@ -115,9 +129,12 @@ class NativeLinear(LinearKernel):
             raise KernelError(f"kernel {self.name!r} takes Q4_1 blocks (the {PROBLEM} ABI), but {weight.name} "
                               f"is stored as {got}; name it for ops stored as Q4_1 only")
         super().__init__(weight, act_dtype)
+        self.weight = weight
         self.wq = weight.blocks().reshape(-1).contiguous()
         self._wq_ptr = self.wq.data_ptr()
         self._fn = self.library.fn
+        self._seen: set[int] = set()  # batch sizes audited at least once
+        self._fallback: LinearKernel | None = None
         if self.check:
             self.verify(weight)
 
@@ -125,11 +142,58 @@ class NativeLinear(LinearKernel):
         self._fn(self._wq_ptr, xf.data_ptr(), y.data_ptr(), self.out_features, self.in_features, xf.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        st = self.audit_state
+        if st["dropped"] is not None:
+            return self.fallback()(x)
         xf = x.to(torch.float32).contiguous()  # no copy for contiguous fp32
         y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         if x.shape[0]:
             self._run(xf, y)
+            st["calls"] += 1
+            m = x.shape[0]
+            if self.check and (m not in self._seen or st["rng"].random() < AUDIT_SHARE):
+                self._seen.add(m)
+                if not self.audit(xf, y):
+                    return self.fallback()(x)
         return y if self.act_dtype == torch.float32 else y.to(self.act_dtype)
+
+    def audit(self, xf: torch.Tensor, y: torch.Tensor) -> bool:
+        """Recompute AUDIT_ROWS random output rows of this call from the dequantised weight;
+        False (and the library dropped, the finding reported) if one is out of tolerance."""
+        st = self.audit_state
+        st["audited"] += 1
+        n, k, m = self.out_features, self.in_features, xf.shape[0]
+        rows = torch.tensor(sorted(st["rng"].sample(range(n), min(AUDIT_ROWS, n))))
+        blocks = self.wq.view(n, k // 32, 20)[rows]  # GGUF Q4_1: fp16 d, fp16 m, 16 bytes of nibbles
+        d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+        mn = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        q = blocks[..., 4:].to(torch.int16)
+        w = (torch.cat([q & 0x0F, q >> 4], -1).float() * d + mn).reshape(len(rows), k)  # exact in fp32
+        ref = xf @ w.T  # fp32 sums in another order than the library's: ~1e-6 of sum |x||w|
+        got = y[:, rows]
+        err = (got - ref).abs()
+        bad = ~(err <= CHECK_TOL * (1 + ref.abs()) + AUDIT_SCALE * (xf.abs() @ w.abs().T))  # NaN counts as bad
+        if not bool(bad.any()):
+            return True
+        b, r = (int(i) for i in bad.nonzero()[0])
+        detail = (f"n={n} k={k} batch={m}: output [{b}, {int(rows[r])}] was {got[b, r].item():.6g}, the "
+                  f"dequantised weight gives {ref[b, r].item():.6g} (allowed {CHECK_TOL:g} * (1 + |that|))")
+        if st["dropped"] is None:
+            from .audit import report
+
+            st["dropped"] = report(PROBLEM, self.library.candidate, {"n": n, "k": k, "batch": m}, detail)
+        return False
+
+    def fallback(self) -> LinearKernel:
+        """The kernel this op runs once the library is dropped: the engine's default for it."""
+        if self._fallback is None:
+            from .kernels import Dense, default_kernel, kernel_class
+
+            cls = kernel_class(default_kernel("q4_1", "", self.weight))
+            if self.act_dtype not in cls.act_dtypes or not self.weight.qtypes <= (cls.qtypes or self.weight.qtypes):
+                cls = Dense
+            self._fallback = cls(self.weight, self.act_dtype)
+        return self._fallback
 
     def verify(self, weight: Weight) -> None:
         """Run the library on ``weight`` and random activations; KernelError if it is wrong."""
@@ -198,8 +262,9 @@ def _load(path: Path, spec: str, sha: str, **info) -> Library:
 
 
 def _class(lib: Library, check: bool, name: str | None = None) -> type[NativeLinear]:
+    state = {"calls": 0, "audited": 0, "dropped": None, "rng": random.Random(os.urandom(16))}
     return type(f"NativeLinear_{lib.sha256[:12]}", (NativeLinear,),
-                {"name": name or lib.spec, "library": lib, "check": check})
+                {"name": name or lib.spec, "library": lib, "check": check, "audit_state": state})
 
 
 def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> type[NativeLinear]:

@@ -123,7 +123,8 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
         ok = ae is not None and ae.alive
         body = {"status": "ok" if ok else "error", "running": engine.num_running,
                 "waiting": engine.num_waiting, "free_slots": engine.kv.free_slots,
-                "max_batch": engine.config.max_batch, "paths": engine.paths.as_dict()}
+                "max_batch": engine.config.max_batch, "paths": engine.paths.as_dict(),
+                "kernel_audit": engine.kernel_audit()}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/v1/models")

@@ -275,6 +275,15 @@ class DesignServer:
             time.sleep(0.2)
         return False
 
+    def audit_failure(self) -> str | None:
+        """What the engine's audit of its kernel-factory kernels caught while it served
+        (``/health`` ``kernel_audit``), or None."""
+        import httpx
+
+        audit = httpx.get(self.url + "/health", timeout=10).json().get("kernel_audit") or {}
+        seams = [*(audit.get("native_kernels") or {}).values(), audit.get("native_matvec") or {}]
+        return next((s["dropped"] for s in seams if s.get("dropped")), None)
+
     def measure(self, cfg: TuneConfig, on_level=None, deadline: float | None = None, screen: bool = False,
                 caps: dict | None = None) -> dict:
         """Every (workload, level): the serving figures, keyed by workload ``INxOUT``. Past
@@ -585,6 +594,12 @@ class Tuner:
             outcome = Outcome.TIMED_OUT if isinstance(e, TimeoutError) else Outcome.CRASHED
             return Verdict(outcome, f"measure: {type(e).__name__}: {e}", "measure",
                            seconds=time.perf_counter() - t0), None
+        caught = srv.audit_failure()
+        if caught:  # its figures are not the design's: the rest ran on the engine's own kernels
+            srv.close()
+            return Verdict(Outcome.WRONG, f"a kernel of the design failed the engine's audit while serving: {caught}",
+                           "measure", seconds=time.perf_counter() - t0,
+                           evidence={"kernel_audit": caught, "paths": start.loaded.get("paths")}), None
         fit, over = fitness(serving, self.cfg.ttft_p99_s)
         if start.verdict is not None:  # the baseline, measured although it failed verification
             start.verdict.evidence.update(serving=serving, fitness=fit, paths=start.loaded.get("paths"),

@@ -9,7 +9,10 @@ computed once per model file and cached (``reference``). A design passes when
   (``BOUNDS``: max and mean absolute logit error, perplexity change, top-1 agreement);
 - every format: each prompt's tokens are the same alone, batched with the others, and under
   continuous batching (requests joining mid-flight, another aborted), so serving load never
-  changes an answer.
+  changes an answer;
+- and no kernel-factory kernel of the design was caught by the engine's audit meanwhile
+  (engine/audit.py): the engine would have replaced its outputs, so the checks above would
+  have judged the engine's own kernels, not the design.
 
 A failure names the check, the prompt and the first token where the tokens diverged.
 """
@@ -167,7 +170,20 @@ def _continuous(engine, ids: list[list[int]]) -> list[list[int]]:
 
 
 def verify(engine, ref: dict) -> Check:
-    """Run every check of the module docstring on a loaded engine; the first failure wins."""
+    """Run every check of the module docstring on a loaded engine; the first failure wins, except
+    that a kernel the engine's audit caught is the verdict whatever else failed (the outputs
+    compared came partly from its replacement)."""
+    check = _checks(engine, ref)
+    audit = engine.kernel_audit()
+    caught = next((s["dropped"] for s in [*audit["native_kernels"].values(), audit["native_matvec"] or {}]
+                   if s.get("dropped")), None)
+    if caught:
+        return Check(False, f"a kernel of the design failed the engine's audit: {caught}",
+                     {**check.evidence, "check": "kernel audit", "other_checks": check.detail})
+    return check
+
+
+def _checks(engine, ref: dict) -> Check:
     import torch
     import torch.nn.functional as F
 

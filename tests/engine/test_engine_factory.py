@@ -172,6 +172,37 @@ def _kernel_champion(store, source: str, outcome: str = "faster") -> str:
     return cand["id"]
 
 
+def test_a_design_whose_factory_kernel_is_wrong_only_at_an_unchecked_batch_is_wrong(reference, tmp_path,
+                                                                                   monkeypatch):
+    """The decoder's matvec champion, wrong by 5% only in calls of four rows: it passes every load
+    check, and its outputs never reach the verifier's comparisons (the engine's audit catches the
+    first such call and recomputes it), but the design is wrong all the same: what was verified
+    was the engine's own loop, not the design."""
+    from swarmfactory.engine import Engine
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.problems import load_problem
+    from swarmfactory.agents.base import candidate_record
+
+    ref, _ = reference
+    problem = load_problem("q4_1_packed_matvec")
+    src = problem.render().replace("_mm256_set1_ps(xd[b * nb + j])",
+                                   "_mm256_set1_ps((batch == 4 ? 1.05f : 1.0f) * xd[b * nb + j])")
+    db = tmp_path / "evidence.db"
+    store = Store(str(db))
+    cand = candidate_record(problem, src, agent="test", operator="template")
+    eid = store.record_verdict(problem, cand, Verdict(Outcome.FASTER, "test", "measure", speedup=1.2), None, "test")
+    store.set_champion(problem, cand["id"], eid, 1.2, None, "test champion")
+    store.engine.dispose()
+    monkeypatch.setenv("SWARMFACTORY_STORE", str(db))
+    eng = Engine(EngineConfig(threads=THREADS, max_batch=8, max_seq_len=1024, native_decode=8, native_prefill=0,
+                              native_matvec=f"champion:q4_1_packed_matvec@{cand['id']}"))
+    check = verify(eng, ref)
+    assert not check.ok and check.evidence["check"] == "kernel audit", check.detail
+    assert f"q4_1_packed_matvec kernel {cand['id']} gave a wrong output while serving" in check.detail
+    assert "batch=4" in check.detail
+
+
 def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_when_the_champion_changes(
         reference, tmp_path, monkeypatch, model_path):
     from swarmfactory.engine import Engine

@@ -19,6 +19,7 @@ from engine_support import PROMPTS, THREADS, get_engine
 
 from swarmfactory.engine.config import ConfigError, EngineConfig
 from swarmfactory.engine.native import NativeUnavailable, runnable_paths
+from swarmfactory.engine.native.matvec import External
 
 PROBLEM = "q4_1_packed_matvec"
 SAME_ORDER = {"bmax": 4, "unroll": 2, "dot": "maddubs", "threads": "omp"}
@@ -128,8 +129,7 @@ def _same_tokens_up_to_ties(eng, ref) -> None:
 
 def test_champion_runs_inside_the_decoder_with_the_builtin_tokens_and_logits(use_store, builtin):
     eng = _engine(native_matvec=f"champion:{PROBLEM}")
-    assert eng.native is not None and eng.native.lib.sf_matvec().decode() == PROBLEM
-    assert builtin.native.lib.sf_matvec().decode() == "builtin"
+    assert eng.native is not None and isinstance(eng.native.lib, External) and builtin.native._ext is None
     mv = eng.paths.native_matvec
     assert mv["candidate"] == use_store["champion"] and mv["speedup"] == 1.2
     assert f"(q4_1 matvec: candidate {use_store['champion']} of " in eng.paths.summary()
@@ -137,6 +137,8 @@ def test_champion_runs_inside_the_decoder_with_the_builtin_tokens_and_logits(use
     assert _tokens(eng) == _tokens(builtin)
     for text in PROMPTS[:2]:  # same fp32 operations in the same order: the same bits
         assert torch.equal(_logits(eng, text), _logits(builtin, text))
+    ext = eng.native.lib.ext  # it ran, every call audited, none failed
+    assert 0 < ext.audited < ext.calls and not ext.bad and eng.native.lib.dropped() is None
 
 
 def test_pinned_candidates_load_exactly_that_candidate(use_store, builtin):
@@ -206,3 +208,82 @@ def test_config_rules():
     with pytest.raises(ConfigError, match="native_matvec needs the native decoder"):
         EngineConfig.from_dict({"native_matvec": f"champion:{PROBLEM}", "kernels": {"down": "int4pack"}})
     assert EngineConfig.from_dict({"native_matvec": f"champion:{PROBLEM}@abc"}).native_matvec.endswith("@abc")
+
+
+# Wrong by 5% only when a call has exactly 3 rows: the harness's cases and the load checks
+# (batches 1, 17, 19) never call it so; an engine decoding three sequences does at once.
+ONLY_AT_3 = ("_mm256_set1_ps(xd[b * nb + j])", "_mm256_set1_ps((batch == 3 ? 1.05f : 1.0f) * xd[b * nb + j])")
+
+
+def test_a_kernel_wrong_only_at_an_unchecked_batch_is_caught_while_serving(tmp_path, monkeypatch, problem, builtin,
+                                                                          caplog):
+    """It loads (passes every load check), then the audit catches its first wrong call: the step
+    is run again without it, so every token equals the built-in decoder's; the shape becomes a
+    validation case, the candidate gets a wrong evaluation here and loses its crown, and a
+    design pinned to it is refused from then on."""
+    from swarmfactory.evidence.store import Store
+
+    db = tmp_path / "evidence.db"
+    st = Store(str(db))
+    st.record_problem(problem)
+    cand = _record(st, problem, problem.render().replace(*ONLY_AT_3), "faster")
+    st.set_champion(problem, cand, None, 1.3, None, "test champion")
+    st.engine.dispose()
+    monkeypatch.setenv("SWARMFACTORY_STORE", str(db))
+    eng = _engine(native_matvec=f"champion:{PROBLEM}@{cand}")
+    lib = eng.native.lib
+    assert isinstance(lib, External) and not lib.ext.bad
+    assert _tokens(eng) == _tokens(builtin)  # two sequences: the kernel is right there
+    assert not lib.ext.bad
+    three = [c.token_ids for c in eng.generate(PROMPTS[:3], max_tokens=MAX_TOKENS, ignore_eos=True)]
+    assert three == [c.token_ids for c in builtin.generate(PROMPTS[:3], max_tokens=MAX_TOKENS, ignore_eos=True)]
+    assert lib.ext.bad and lib.ext.batch == 3
+    msg = lib.dropped()
+    assert f"{PROBLEM} kernel {cand} gave a wrong output while serving (n=" in msg and "batch=3" in msg
+    assert "dethroned" in msg and any("wrong output while serving" in r.message for r in caplog.records)
+    calls = lib.ext.calls
+    eng.generate(PROMPTS[:3], max_tokens=4, ignore_eos=True)
+    assert lib.ext.calls == calls  # dropped for good
+
+    st = Store(str(db), create=False)
+    try:
+        cases = st.found_cases(PROBLEM)
+        assert [(c["shape"]["batch"], c["found_by"], c["broke_candidate"]) for c in cases] == \
+            [(3, "engine-audit", cand)]
+        last = st.evaluations(problem=PROBLEM, candidate_id=cand, this_hardware=True)[-1]
+        assert last["outcome"] == "wrong" and last["purpose"] == "engine-audit" and "batch=3" in last["detail"]
+        assert st.champion(problem) is None
+    finally:
+        st.engine.dispose()
+    with pytest.raises(NativeUnavailable, match=rf"candidate {cand} no longer passes the harness on this hardware "
+                                                r"\(latest: wrong\)"):
+        _engine(native_matvec=f"champion:{PROBLEM}@{cand}")
+
+
+def test_the_audit_catches_a_wrong_call_and_recomputes_it(problem):
+    """sf_linear with the kernel: the rows of a call at the bad batch come back right (computed
+    again by the built-in loop) and the first mismatch is named; the raw kernel (audit off) is
+    wrong there, as the load checks would have seen had they run that batch."""
+    from gguf import GGMLQuantizationType as QT
+
+    from swarmfactory.backends.c import CBackend
+    from swarmfactory.engine.kernels import Weight
+    from swarmfactory.engine.native import linear, load_library, random_tensor
+    from swarmfactory.engine.native.matvec import Matvec
+
+    src = problem.render().replace(*ONLY_AT_3)
+    art = CBackend().build(src, PROBLEM, prototype=problem.c_prototype, checks=True)
+    kernel = __import__("ctypes").CDLL(art.path)
+    mv = Matvec("test", "only-at-3", src, "test", art.path, problem.tolerance.rtol, problem.tolerance.atol)
+    lib = load_library(runnable_paths()[0])
+    weight = Weight([random_tensor(QT.Q4_1, 67, 288, seed=1)])
+    for rows, wrong in ((2, False), (3, True), (5, False)):
+        x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
+        ref = linear(lib, weight, x, threads=2)
+        ext = External(lib, mv, kernel)
+        raw = ext.new_ext(audit=False)
+        assert torch.equal(linear(lib, weight, x, threads=2, ext=ext.ext), ref)
+        assert bool(ext.ext.bad) == wrong and ext.ext.calls >= 1
+        assert (not torch.equal(linear(lib, weight, x, threads=2, ext=raw), ref)) == wrong and not raw.bad
+        if wrong:
+            assert ext.ext.mismatch().startswith("n=") and "batch=3: output [" in ext.ext.mismatch()

@@ -42,11 +42,17 @@ def libs(problem, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("native_seam")
     good = problem.render()
     broken = re.sub(r"= h2f\((bp\d)\), ", r"= 1.05f * h2f(\1), ", good)  # d 5% too large
-    assert broken != good
+    # outputs 5% too large only in calls of 4 rows: the load check runs 1 and 5
+    only4 = good.replace("void q4_1_matmul(", "static void right_q4_1_matmul(") + (
+        "void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch) {\n"
+        "    right_q4_1_matmul(wq, x, y, n, k, batch);\n"
+        "    if (batch == 4) for (int64_t i = 0; i < n * batch; i++) y[i] *= 1.05f;\n}\n")
+    assert broken != good and good.count("void q4_1_matmul(") == 1
     cc = CBackend()
     out = {}
     for name, src, symbol, proto in (("good", good, problem.name, problem.c_prototype),
                                      ("broken", broken, problem.name, problem.c_prototype),
+                                     ("only4", only4, problem.name, problem.c_prototype),
                                      ("other", "void other_name(void) {}\n", "other_name", None)):
         art = cc.build(src, symbol, prototype=proto)
         out[name] = tmp / f"{name}.so"
@@ -155,6 +161,27 @@ def test_broken_library_is_refused_by_the_load_check(libs):
     with pytest.raises(KernelError, match=r"kernels\.down: kernel 'so:.*broken\.so' failed its check on "
                                           r"blk\.0\.ffn_down\.weight .*max abs error"):
         _engine({"down": f"so:{libs['broken']}"})
+
+
+def test_a_library_wrong_only_at_an_unchecked_batch_is_caught_while_serving(libs, reference, weight):
+    """It passes the load check; serving four prompts at once calls it with 4 rows, where the
+    audit catches it: the op's own kernel computes that call again and every later one, so the
+    engine's outputs stay those of the default engine (up to ties), and /health says why."""
+    from swarmfactory.engine.native_seam import kernel_class
+
+    raw = kernel_class(libs["only4"], name="test_only4_unchecked", check=False)(weight, torch.float32)
+    x = torch.randn(5, weight.cols, generator=torch.Generator().manual_seed(4))
+    ref = x @ weight.dequantize().T
+    assert torch.allclose(raw(x[:3]), ref[:3], rtol=1e-4, atol=1e-4)  # it really is hostile
+    assert (raw(x[:4]) - ref[:4]).abs().max().item() > 0.05
+    eng = _engine({op: f"so:{libs['only4']}" for op in Q4_1_OPS})
+    st = type(eng.model.layers[0].down.kernel).audit_state
+    assert st["dropped"] is None and len(PROMPTS) == 4
+    _assert_close_to(eng, reference)
+    assert "batch=4: output [" in st["dropped"] and "(not from the store)" in st["dropped"]
+    audit = eng.kernel_audit()["native_kernels"]
+    assert set(audit) == set(Q4_1_OPS) and audit["down"]["dropped"] == st["dropped"]
+    assert 0 < audit["down"]["audited"] <= audit["down"]["calls"]
 
 
 def test_broken_library_can_be_plugged_unchecked_for_verifier_tests(libs, weight):

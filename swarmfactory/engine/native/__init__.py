@@ -6,8 +6,8 @@ host); ``library.py`` builds a path with the C backend, checks it against a refe
 matrix and packs the GGUF blocks into its layout. ``NativeDecoder`` (here) calls it for steps
 of up to ``EngineConfig.native_decode`` decode sequences plus ``native_prefill`` prompt tokens.
 Other steps stay on torch; both paths share the KV cache. ``matvec.py`` compiles a kernel
-factory candidate of ``q4_1_packed_matvec`` into the decoder for its Q4_1 matrices
-(``EngineConfig.native_matvec``).
+factory candidate of ``q4_1_packed_matvec`` in for the decoder's Q4_1 matrices
+(``EngineConfig.native_matvec``), audited while it serves (decode.c's ``Ext``, ``engine/audit.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ class NativeDecoder:
     ``__call__(tokens, slots, positions, out_rows)`` runs one row per token (a decode token or a
     prompt token, see decode.c), writes every row's K/V to the cache and returns fp32 logits
     [len(out_rows), vocab] for the rows asked (all rows when ``out_rows`` is None). ``lib`` is a
-    library from ``load_checked``/``load_library``; None picks the best checked path. Not
-    thread-safe (one step at a time, like the engine).
+    library from ``load_checked``/``load_library``, or a ``matvec.External`` (with a factory
+    kernel); None picks the best checked path. Not thread-safe (one step at a time, like the
+    engine).
     """
 
     def __init__(self, gg: GGUFModel, kv: KVCache, max_batch: int, threads: int, lib=None,
@@ -51,6 +52,7 @@ class NativeDecoder:
         if lib is None:  # first: a machine without a compiler fails fast
             lib, _, self.fallbacks = load_checked()
         self.lib = lib
+        self._ext = getattr(lib, "ext", None) if not isinstance(lib, ctypes.CDLL) else None
         self.isa = self.lib.sf_isa().decode()
         self._keep: list = []
         mats = []
@@ -87,7 +89,7 @@ class NativeDecoder:
             hp.n_layers, hp.dim, hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.ffn_dim, hp.vocab_size,
             hp.norm_eps, self.max_rows, kv.slots, kv.max_seq_len, ctypes.addressof(self._mats),
             ctypes.addressof(self._norms), ctypes.addressof(self._kv_ptrs), self._inv_freq.data_ptr(),
-            threads)
+            threads, ctypes.byref(self._ext) if self._ext is not None else None)
         if not self._model:
             raise NativeUnavailable("native decoder does not support this model's dimensions")
 
@@ -102,7 +104,9 @@ class NativeDecoder:
         logits = torch.empty(out_rows.shape[0], self.hp.vocab_size, dtype=torch.float32)
         rc = self.lib.sf_decode(self._model, B, x.data_ptr(), slots.data_ptr(), positions.data_ptr(),
                                 out_rows.shape[0], out_rows.data_ptr(), logits.data_ptr())
-        if rc != 0:
+        if rc == 1:  # the factory kernel failed its audit: this step was run again without it
+            self.lib.dropped()
+        elif rc != 0:
             raise ValueError(f"native step rejected its rows (rows {B} of at most {self.max_rows}, "
                              f"slots {slots.tolist()[:8]}, positions {positions.tolist()[:8]})")
         return logits

@@ -23,9 +23,12 @@
  * target (native/__init__.py builds each path with explicit flags; sf_isa() names the one
  * built).
  *
- * Built with -DSF_MATVEC_EXTERNAL and a kernel of the factory's q4_1_packed_matvec problem
- * compiled after this file, Q4_1 matrices run that kernel instead of matmul_groups (Q8_0 ones,
- * the output head, stay here); sf_matvec() says which.
+ * External kernel: a model (sf_model_new) or a call of sf_linear given an Ext with a kernel of
+ * the factory's q4_1_packed_matvec problem (a separate shared object, found by pointer) runs
+ * its Q4_1 matrices on that kernel instead of matmul_groups. Every call of it is audited: one
+ * random row group of its output, for every batch row, is recomputed here and compared (see
+ * Ext). At the first mismatch the kernel is dropped for good, the step is re-run on the
+ * built-in loop and sf_decode says so (returns 1).
  */
 #include <math.h>
 #include <stdint.h>
@@ -84,6 +87,35 @@ typedef struct {
     int32_t *c;  /* [K/32] 128 * sum(q): the Q8_0 correction for the +128 storage */
 } Act;
 
+/* The factory's kernel (problems/suites/cpu/q4_1_packed_matvec.py): y [batch, n] = the Q4_1
+ * records at w (n rows from the first) against quantised activations, every output computed
+ * the same whatever batch and n are (batch invariance, as here). */
+typedef void (*MatvecFn)(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs,
+                         float *y, int64_t n, int64_t k, int64_t batch);
+
+/* An external kernel and its audit, owned by the caller (library.py mirrors this layout).
+ * The kernel was verified by the harness and checked at load on a few shapes; the audit checks
+ * it on what it is actually given: after the first call at each batch size, and after a random
+ * 1 in `share` of the others (drawn from `seed`, which the kernel cannot see coming), one row
+ * group picked at random is recomputed with matmul_groups for every batch row, and each output
+ * must be within the tolerance of audit_group. A step makes hundreds of calls; a kernel wrong
+ * at some batch size, row count or position is caught in the first step that makes it wrong
+ * with near certainty (each audited wrong call: probability (rows wrong) / (rows of the call)),
+ * and that step is run again without it. */
+typedef struct Ext {
+    MatvecFn fn;                  /* NULL: the built-in loop */
+    float rtol, atol;
+    uint64_t seed;
+    int32_t bad;                  /* set at the first mismatch: the built-in loop runs from then on */
+    int32_t audit;                /* 0: no audit (tests that must show a broken kernel caught elsewhere) */
+    int64_t share;                /* audit the first call at each batch size, then 1 call in `share` */
+    uint64_t seen[16];            /* batch sizes < 1024 audited at least once (a bitmap) */
+    int64_t calls, audited;       /* kernel calls, and those audited */
+    /* the first mismatch: the call's n, k, batch, the output's row and batch row, the values */
+    int64_t n, k, batch, row, b;
+    float got, want, bound;       /* bound: the magnitude term of its tolerance */
+} Ext;
+
 typedef struct {
     int64_t n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len;
     float eps;
@@ -95,8 +127,9 @@ typedef struct {
     /* scratch */
     float *x, *h, *qkv, *att, *gu, *ff, *cs, *scores;
     Act a_dim, a_ffn;      /* B rows each */
-    float *mv;             /* [threads, mv_len]: the external matvec's outputs (SF_MATVEC_EXTERNAL) */
+    float *mv;             /* [threads, mv_len]: the external kernel's outputs (ext->fn set) */
     int64_t mv_len;
+    Ext *ext;              /* NULL: the built-in loop only */
 } Model;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -297,24 +330,95 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
 }
 #endif
 
-#ifdef SF_MATVEC_EXTERNAL
-/* The factory's kernel (problems/suites/cpu/q4_1_packed_matvec.py): y [batch, n] = the Q4_1
- * records at w (n rows from the first) against quantised activations, every output computed
- * the same whatever batch and n are (batch invariance, as here). */
-void q4_1_packed_matvec(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs,
-                        float *y, int64_t n, int64_t k, int64_t batch);
-#define SF_MATVEC "q4_1_packed_matvec"
-/* Output floats of one call, per thread: a thread's share runs in calls of at most this many
- * outputs into its scratch, then copied (or added) into y with y's row stride. */
-#define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 64)
+/* Output floats of one external call, per thread: a thread's share runs in calls of at most
+ * this many outputs into its scratch, then copied (or added) into y with y's row stride; after
+ * them, 2 * ROWS * max_b floats for the audit (the recomputed group and its bounds). */
+#define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 66)
 
-static void matmul_external(const Mat *W, const Act *a, int64_t B, int64_t g0, int64_t g1,
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Recompute one row group g of the call (rows r0.. of W, n of them, outputs in out[b * n + i])
+ * with matmul_groups and compare; 0 if every output is within the tolerance, else records the
+ * first mismatch in e (once) and returns 1. The tolerance: the problem's, atol + rtol * |y|,
+ * plus AUDIT_SCALE times the output's magnitude bound sum_j |d_w xd| 15 sum|xq| + |m_w xs|
+ * (per block j): on real activations the terms of an output reach far beyond it, and fp32
+ * sums of them in another order (a kernel's legitimate choice) differ by ~1e-6 of that. */
+#define AUDIT_SCALE 1e-5f
+static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g, int64_t r0, int64_t n,
+                       const float *out, float *ref, float *bound) {
+    const int64_t nb = W->cols / 32, rec = nb * REC_Q4, row0 = ROWS * g;
+    const Mat one = {W->type, W->rows - row0 < ROWS ? W->rows - row0 : ROWS, W->cols, W->data + g * rec};
+    matmul_groups(&one, a, B, 0, 1, ref, ROWS, 0);
+    for (int64_t i = 0; i < B * ROWS; i++) bound[i] = 0.f;
+    for (int64_t j = 0; j < nb; j++) {
+        const uint8_t *rp = one.data + j * REC_Q4;
+        float dw[ROWS], mw[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            uint16_t dh, mh;
+            memcpy(&dh, rp + 128 + 2 * r, 2);
+            memcpy(&mh, rp + 144 + 2 * r, 2);
+            dw[r] = fabsf(half_to_float(dh));
+            mw[r] = fabsf(half_to_float(mh));
+        }
+        for (int64_t b = 0; b < B; b++) {
+            const int8_t *xq = a->q + b * W->cols + 32 * j;
+            int32_t qa = 0;
+            for (int i = 0; i < 32; i++) qa += xq[i] < 0 ? -xq[i] : xq[i];
+            const float xd = fabsf(a->d[b * nb + j]) * 15.f * (float)qa, xs = fabsf(a->s[b * nb + j]);
+            for (int r = 0; r < ROWS; r++) bound[b * ROWS + r] += dw[r] * xd + mw[r] * xs;
+        }
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < one.rows; r++) {
+            const float got = out[b * n + row0 - r0 + r], want = ref[b * ROWS + r];
+            const float tol = e->atol + e->rtol * fabsf(want) + AUDIT_SCALE * bound[b * ROWS + r];
+            if (!(fabsf(got - want) <= tol)) { /* NaN fails too */
+                if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
+                    e->n = n; e->k = W->cols; e->batch = B; e->row = row0 + r; e->b = b;
+                    e->got = got; e->want = want; e->bound = AUDIT_SCALE * bound[b * ROWS + r];
+                }
+                return 1;
+            }
+        }
+    return 0;
+}
+
+static void matmul_external(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g0, int64_t g1,
                             float *y, int64_t ldy, int accumulate, float *tmp, int64_t tmp_len) {
-    const int64_t rec = (W->cols / 32) * REC_Q4, step = tmp_len / (ROWS * B) > 0 ? tmp_len / (ROWS * B) : 1;
+    const int64_t rec = (W->cols / 32) * REC_Q4;
+    float *ref = tmp + tmp_len - 2 * ROWS * B, *bound = ref + ROWS * B;
+    tmp_len -= 2 * ROWS * B;
+    const int64_t step = tmp_len / (ROWS * B) > 0 ? tmp_len / (ROWS * B) : 1;
     for (int64_t c0 = g0; c0 < g1; c0 += step) {
         const int64_t c1 = c0 + step < g1 ? c0 + step : g1;
         const int64_t r0 = ROWS * c0, n = (ROWS * c1 < W->rows ? ROWS * c1 : W->rows) - r0;
-        q4_1_packed_matvec(W->data + c0 * rec, a->q, a->d, a->s, tmp, n, W->cols, B);
+        if (__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) { /* dropped: the rest of the step runs here */
+            matmul_groups(W, a, B, c0, g1, y, ldy, accumulate);
+            return;
+        }
+        e->fn(W->data + c0 * rec, a->q, a->d, a->s, tmp, n, W->cols, B);
+        const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
+        const uint64_t draw = mix64(e->seed + call * 0x9e3779b97f4a7c15ULL);
+        int check = e->audit && e->share <= 1;
+        if (e->audit && !check) {
+            if (B < 1024) {
+                const uint64_t bit = 1ULL << (B & 63);
+                check = !(__atomic_fetch_or(&e->seen[B >> 6], bit, __ATOMIC_RELAXED) & bit);
+            }
+            check = check || (draw >> 32) % (uint64_t)e->share == 0;
+        }
+        if (check) {
+            __atomic_fetch_add(&e->audited, 1, __ATOMIC_RELAXED);
+            const int64_t g = c0 + (int64_t)((draw & 0xffffffffULL) % (uint64_t)(c1 - c0));
+            if (audit_group(e, W, a, B, g, r0, n, tmp, ref, bound)) {
+                matmul_groups(W, a, B, c0, g1, y, ldy, accumulate);
+                return;
+            }
+        }
         for (int64_t b = 0; b < B; b++) {
             float *dst = y + b * ldy + r0;
             const float *src = tmp + b * n;
@@ -322,26 +426,20 @@ static void matmul_external(const Mat *W, const Act *a, int64_t B, int64_t g0, i
         }
     }
 }
-#else
-#define SF_MATVEC "builtin"
-#define MV_SCRATCH(max_b) ((int64_t)0)
-#endif
 
 /* This thread's share of a matmul (an equal run of row groups), then a barrier. ``scratch``:
  * MV_SCRATCH floats per thread (for the external kernel). */
 static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy, int accumulate,
-                   float *scratch, int64_t scratch_len) {
+                   Ext *e, float *scratch, int64_t scratch_len) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t groups = (W->rows + ROWS - 1) / ROWS;
     const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
-#ifdef SF_MATVEC_EXTERNAL
-    if (W->type == SF_Q4_1) {
-        if (g0 < g1) matmul_external(W, a, B, g0, g1, y, ldy, accumulate, scratch + t * scratch_len, scratch_len);
-    } else
-#endif
-    if (g0 < g1) matmul_groups(W, a, B, g0, g1, y, ldy, accumulate);
-    (void)scratch;
-    (void)scratch_len;
+    if (g0 < g1) {
+        if (e && e->fn && W->type == SF_Q4_1)
+            matmul_external(e, W, a, B, g0, g1, y, ldy, accumulate, scratch + t * scratch_len, scratch_len);
+        else
+            matmul_groups(W, a, B, g0, g1, y, ldy, accumulate);
+    }
 #pragma omp barrier
 }
 
@@ -433,8 +531,6 @@ static void rope(float *x, const float *cs, int64_t D) {
 
 const char *sf_isa(void) { return SF_ISA; }
 
-const char *sf_matvec(void) { return SF_MATVEC; }
-
 static Act act_new(int64_t B, int64_t K) {
     Act a = {malloc(B * K), malloc(sizeof(float) * B * K / 32), malloc(sizeof(float) * B * K / 32),
              malloc(sizeof(int32_t) * B * K / 32)};
@@ -454,11 +550,12 @@ void sf_model_free(Model *M) {
 }
 
 /* Returns NULL when a dimension is unsupported (cols not a multiple of 32, odd head_dim). The
- * arrays passed in must outlive the model (native.py keeps them). */
+ * arrays passed in, and ext (NULL or an Ext with a kernel), must outlive the model (native.py
+ * keeps them). */
 Model *sf_model_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv, int64_t head_dim,
                     int64_t ffn, int64_t vocab, float eps, int64_t max_b, int64_t slots,
                     int64_t max_len, const Mat *mats, const float **norms, float **kv,
-                    const float *inv_freq, int threads) {
+                    const float *inv_freq, int threads, Ext *ext) {
     if (dim % 32 || ffn % 32 || (n_heads * head_dim) % 32 || head_dim % 2 || n_heads % n_kv)
         return NULL;
     Model *M = calloc(1, sizeof(Model));
@@ -476,7 +573,8 @@ Model *sf_model_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv
     M->scores = malloc(sizeof(float) * M->threads * max_len);
     M->a_dim = act_new(max_b, dim > att ? dim : att);
     M->a_ffn = act_new(max_b, ffn);
-    M->mv_len = MV_SCRATCH(max_b);
+    M->ext = ext && ext->fn ? ext : NULL;
+    M->mv_len = M->ext ? MV_SCRATCH(max_b) : 0;
     M->mv = M->mv_len ? malloc(sizeof(float) * M->threads * M->mv_len) : NULL;
     if ((M->mv_len && !M->mv) || !M->x || !M->h || !M->qkv || !M->att || !M->gu || !M->ff || !M->cs || !M->scores ||
         !M->a_dim.q || !M->a_dim.d || !M->a_dim.s || !M->a_dim.c || !M->a_ffn.q || !M->a_ffn.d ||
@@ -487,17 +585,8 @@ Model *sf_model_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv
     return M;
 }
 
-/* One step over B rows. x_in: [B, dim] token embeddings; slot/pos: each row's KV slot and the
- * position of its token (a row sees the cache of its slot up to its own position, including
- * rows of the same call); out_rows: the n_out rows whose logits are wanted, written in that
- * order to logits [n_out, vocab]. Returns 0, or -1 for bad arguments. */
-int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
-              int64_t n_out, const int64_t *out_rows, float *logits) {
-    if (B < 1 || B > M->max_b || n_out < 0 || n_out > B) return -1;
-    for (int64_t b = 0; b < B; b++)
-        if (slot[b] < 0 || slot[b] >= M->slots || pos[b] < 0 || pos[b] >= M->max_len) return -1;
-    for (int64_t i = 0; i < n_out; i++)
-        if (out_rows[i] < 0 || out_rows[i] >= B) return -1;
+static void step(Model *M, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
+                 int64_t n_out, const int64_t *out_rows, float *logits) {
     const int64_t D = M->head_dim, H = M->n_heads, KV = M->n_kv, dim = M->dim, F = M->ffn;
     const int64_t G = H / KV, half = D / 2, QKV = (H + 2 * KV) * D, ATT = H * D;
     const float scale = 1.f / sqrtf((float)D);
@@ -522,7 +611,7 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
                 rms_norm(M->x + b * dim, M->norms[2 * l], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
-            matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0, M->mv, M->mv_len);
+            matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0, M->ext, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 float *row = M->qkv + b * QKV;
@@ -542,13 +631,13 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) quantize_row(M->att + b * ATT, ATT, &M->a_dim, b);
-            matmul(&W[1], &M->a_dim, B, M->x, dim, 1, M->mv, M->mv_len);
+            matmul(&W[1], &M->a_dim, B, M->x, dim, 1, M->ext, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 rms_norm(M->x + b * dim, M->norms[2 * l + 1], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
-            matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0, M->mv, M->mv_len);
+            matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0, M->ext, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 const float *g = M->gu + b * 2 * F, *u = g + F;
@@ -556,31 +645,61 @@ int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const
                 for (int64_t i = 0; i < F; i++) f[i] = silu(g[i]) * u[i];
                 quantize_row(f, F, &M->a_ffn, b);
             }
-            matmul(&W[3], &M->a_ffn, B, M->x, dim, 1, M->mv, M->mv_len);
+            matmul(&W[3], &M->a_ffn, B, M->x, dim, 1, M->ext, M->mv, M->mv_len);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n_out; i++) {
             rms_norm(M->x + out_rows[i] * dim, M->norms[2 * M->n_layers], M->h + i * dim, dim, M->eps);
             quantize_row(M->h + i * dim, dim, &M->a_dim, i);
         }
-        if (n_out) matmul(&M->mats[4 * M->n_layers], &M->a_dim, n_out, logits, M->vocab, 0, M->mv, M->mv_len);
+        if (n_out) matmul(&M->mats[4 * M->n_layers], &M->a_dim, n_out, logits, M->vocab, 0, M->ext, M->mv, M->mv_len);
+    }
+}
+
+/* One step over B rows. x_in: [B, dim] token embeddings; slot/pos: each row's KV slot and the
+ * position of its token (a row sees the cache of its slot up to its own position, including
+ * rows of the same call); out_rows: the n_out rows whose logits are wanted, written in that
+ * order to logits [n_out, vocab]. Returns 0; 1 when the external kernel failed its audit in
+ * this step (the step was then run again on the built-in loop, which rewrites every row's K/V
+ * and logits, and the kernel stays dropped: see Ext); -1 for bad arguments. */
+int sf_decode(Model *M, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
+              int64_t n_out, const int64_t *out_rows, float *logits) {
+    if (B < 1 || B > M->max_b || n_out < 0 || n_out > B) return -1;
+    for (int64_t b = 0; b < B; b++)
+        if (slot[b] < 0 || slot[b] >= M->slots || pos[b] < 0 || pos[b] >= M->max_len) return -1;
+    for (int64_t i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= B) return -1;
+    const int was_bad = M->ext && __atomic_load_n(&M->ext->bad, __ATOMIC_SEQ_CST);
+    step(M, B, x_in, slot, pos, n_out, out_rows, logits);
+    if (M->ext && !was_bad && __atomic_load_n(&M->ext->bad, __ATOMIC_SEQ_CST)) {
+        step(M, B, x_in, slot, pos, n_out, out_rows, logits);
+        return 1;
     }
     return 0;
 }
 
 /* y[B, rows] = x[B, cols] @ W.T with the decode step's numerics (quantised activations), on
- * `threads` threads. For tests and for checking a machine's ISA path against a reference. */
-int sf_linear(const Mat *W, int64_t B, const float *x, float *y, int threads) {
+ * `threads` threads, on ext's kernel if given (NULL: the built-in loop). For tests and for
+ * checking a build (and a kernel) against a reference. Returns 0, 1 as sf_decode, -1 for bad
+ * arguments. */
+int sf_linear(const Mat *W, int64_t B, const float *x, float *y, int threads, Ext *ext) {
     if (B < 1 || W->cols % 32) return -1;
     threads = threads > 0 ? threads : 1;
     Act a = act_new(B, W->cols);
-    const int64_t mv_len = MV_SCRATCH(B);
+    ext = ext && ext->fn ? ext : NULL;
+    const int64_t mv_len = ext ? MV_SCRATCH(B) : 0;
     float *mv = mv_len ? malloc(sizeof(float) * threads * mv_len) : NULL;
     if (!a.q || !a.d || !a.s || !a.c || (mv_len && !mv)) { act_free(&a); free(mv); return -1; }
     for (int64_t b = 0; b < B; b++) quantize_row(x + b * W->cols, W->cols, &a, b);
+    const int was_bad = ext && __atomic_load_n(&ext->bad, __ATOMIC_SEQ_CST);
 #pragma omp parallel num_threads(threads)
-    matmul(W, &a, B, y, W->rows, 0, mv, mv_len);
+    matmul(W, &a, B, y, W->rows, 0, ext, mv, mv_len);
+    const int dropped = ext && !was_bad && __atomic_load_n(&ext->bad, __ATOMIC_SEQ_CST);
+    if (dropped) { /* as sf_decode: again on the built-in loop */
+#pragma omp parallel num_threads(threads)
+        matmul(W, &a, B, y, W->rows, 0, ext, mv, mv_len);
+    }
     act_free(&a);
     free(mv);
-    return 0;
+    return dropped;
 }

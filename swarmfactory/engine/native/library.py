@@ -33,39 +33,49 @@ def source() -> str:
     return files(__package__).joinpath("decode.c").read_text()
 
 
-def load_library(path: IsaPath | tuple[str, ...] | None = None, matvec=None):
+class Ext(ctypes.Structure):
+    """decode.c's Ext: an external q4_1_packed_matvec kernel and its audit (see decode.c)."""
+
+    _fields_ = [("fn", ctypes.c_void_p), ("rtol", ctypes.c_float), ("atol", ctypes.c_float),
+                ("seed", ctypes.c_uint64), ("bad", ctypes.c_int32), ("audit", ctypes.c_int32),
+                ("share", ctypes.c_int64), ("seen", ctypes.c_uint64 * 16), ("calls", ctypes.c_int64), ("audited", ctypes.c_int64),
+                ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("batch", ctypes.c_int64),
+                ("row", ctypes.c_int64), ("b", ctypes.c_int64), ("got", ctypes.c_float), ("want", ctypes.c_float),
+                ("bound", ctypes.c_float)]
+
+    def mismatch(self) -> str:
+        """The first mismatch the audit found, in words ('' if none)."""
+        if not self.bad:
+            return ""
+        return (f"n={self.n} k={self.k} batch={self.batch}: output [{self.b}, {self.row}] was {self.got:.6g}, "
+                f"the decoder's own loop gives {self.want:.6g} (allowed {self.atol:g} + {self.rtol:g} * |that| + "
+                f"{self.bound:.3g} for the size of its terms)")
+
+
+def load_library(path: IsaPath | tuple[str, ...] | None = None):
     """Build (or reuse) decode.c for one ISA path (default: the best this CPU runs; a tuple is
-    taken as raw compiler flags) and load it with ctypes. Does not check it: see ``probe``.
-    ``matvec`` (a ``matvec.Matvec``): its q4_1_packed_matvec source is compiled after decode.c
-    with -DSF_MATVEC_EXTERNAL, and Q4_1 matrices run it."""
+    taken as raw compiler flags) and load it with ctypes. Does not check it: see ``probe``."""
     from swarmfactory.backends.base import BuildError
     from swarmfactory.backends.c import CBackend
 
     if path is None:
         path = runnable_paths()[0]
     flags = path if isinstance(path, tuple) else (*path.flags, *BASE_FLAGS)
-    src, proto, what = source(), None, "native decoder"
-    if matvec is not None:  # after decode.c, so that no macro of the kernel reaches the decoder
-        from .matvec import SIGNATURE
-
-        src = f"{src}\n/* {matvec.label} */\n#line 1 \"{matvec.candidate}.c\"\n{matvec.source}"
-        flags, proto, what = (*flags, "-DSF_MATVEC_EXTERNAL"), SIGNATURE, f"native decoder with {matvec.label}"
     try:
-        art = CBackend().build(src, SYMBOL, tuple(flags), prototype=proto)
+        art = CBackend().build(source(), SYMBOL, tuple(flags))
     except BuildError as e:
-        raise NativeUnavailable(f"{what} did not build: {e}") from None
+        raise NativeUnavailable(f"native decoder did not build: {e}") from None
     lib = ctypes.CDLL(art.path, mode=ctypes.RTLD_LOCAL)
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.sf_model_new.restype = p
-    lib.sf_model_new.argtypes = [i64] * 7 + [ctypes.c_float] + [i64] * 3 + [p, p, p, p, ctypes.c_int]
+    lib.sf_model_new.argtypes = [i64] * 7 + [ctypes.c_float] + [i64] * 3 + [p, p, p, p, ctypes.c_int, p]
     lib.sf_decode.restype = ctypes.c_int
     lib.sf_decode.argtypes = [p, i64, p, p, p, i64, p, p]
     lib.sf_model_free.restype = None
     lib.sf_model_free.argtypes = [p]
     lib.sf_isa.restype = ctypes.c_char_p
-    lib.sf_matvec.restype = ctypes.c_char_p
     lib.sf_linear.restype = ctypes.c_int
-    lib.sf_linear.argtypes = [p, i64, p, p, ctypes.c_int]
+    lib.sf_linear.argtypes = [p, i64, p, p, ctypes.c_int, p]
     return lib
 
 
@@ -94,14 +104,15 @@ def reference_linear(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return xq @ w.double().T
 
 
-def linear_error(lib, qtype: QT, rows: int, cols: int, batch: int, seed: int, threads: int = 1) -> float:
+def linear_error(lib, qtype: QT, rows: int, cols: int, batch: int, seed: int, threads: int = 1,
+                 ext: Ext | None = None) -> float:
     """Largest error of sf_linear against ``reference_linear`` on random blocks, relative to
     sum |w||x| per output (0 up to fp32 rounding for a correct build)."""
     t = random_tensor(qtype, rows, cols, seed)
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(seed)) * 3
     x[0, :32] = 0  # an all-zero block
     w = t.dequantize()
-    got = linear(lib, Weight([t]), x, threads).double()
+    got = linear(lib, Weight([t]), x, threads, ext).double()
     scale = (w.abs().double() @ x.abs().double().T).T + 1e-3
     return ((got - reference_linear(w, x)).abs() / scale).max().item()
 
@@ -109,12 +120,13 @@ def linear_error(lib, qtype: QT, rows: int, cols: int, batch: int, seed: int, th
 PROBE_TOLERANCE = 1e-5
 
 
-def probe(lib) -> str | None:
+def probe(lib, ext: Ext | None = None) -> str | None:
     """Run a build once on tiny matrices (Q4_1 and Q8_0, a padded row group, batches that fill
-    and overflow a pass); None if it matches the reference, else what went wrong."""
+    and overflow a pass), with ``ext``'s kernel if given; None if it matches the reference,
+    else what went wrong."""
     for qtype in (QT.Q4_1, QT.Q8_0):
         for batch in (1, 17):
-            err = linear_error(lib, qtype, rows=10, cols=96, batch=batch, seed=batch + int(qtype))
+            err = linear_error(lib, qtype, rows=10, cols=96, batch=batch, seed=batch + int(qtype), ext=ext)
             if not err <= PROBE_TOLERANCE:
                 return f"{qtype.name} batch {batch}: error {err:.2e} against the reference"
     return None
@@ -146,13 +158,16 @@ def load_checked(paths: list[IsaPath] | None = None):
     raise NativeUnavailable("; ".join(fallbacks) or "no native ISA path runs on this CPU")
 
 
-def linear(lib, weight: Weight, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
-    """x [B, K] fp32 @ weight.T with the decoder's numerics (int8 activations): for tests and
-    for checking a machine's build against a reference."""
+def linear(lib, weight: Weight, x: torch.Tensor, threads: int = 1, ext: Ext | None = None) -> torch.Tensor:
+    """x [B, K] fp32 @ weight.T with the decoder's numerics (int8 activations), on ``ext``'s
+    kernel if given (its audit then runs as in a decode step): for tests and for checking a
+    machine's build, or a kernel, against a reference."""
     mat, keep = pack(weight)
     x = x.float().contiguous()
     y = torch.empty(x.shape[0], weight.rows, dtype=torch.float32)
-    if lib.sf_linear(ctypes.byref(mat), x.shape[0], x.data_ptr(), y.data_ptr(), threads) != 0:
+    rc = lib.sf_linear(ctypes.byref(mat), x.shape[0], x.data_ptr(), y.data_ptr(), threads,
+                       ctypes.byref(ext) if ext is not None else None)
+    if rc < 0:
         raise ValueError("sf_linear rejected its arguments")
     return y
 
