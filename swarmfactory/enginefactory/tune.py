@@ -1,10 +1,11 @@
 """`engine tune`: search engine designs on this machine, keep the best verified one as a profile.
 
-The loop is the kernel factory's, for engines: agents propose designs (design.py), duplicates
-are dropped by content hash, each new design is built, verified end to end (verify.py) and only
-then measured over HTTP the way users measure a server (bench/serving.py: closed-loop
-streaming clients at each requested concurrency, for each workload, the same seeded prompts for
-every design). Every design gets a verdict in the evidence store: ``wrong`` (with the prompt and
+The loop is the kernel factory's (``swarm/contract.py``: the Tuner is a ``Factory`` that
+proposes, keys and evaluates designs; ``drive`` owns dedupe, budget and deadline): agents
+propose designs (design.py), duplicates are dropped by content hash, each new design is built,
+verified end to end (verify.py) and only then measured over HTTP the way users measure a
+server (bench/serving.py: closed-loop streaming clients at each requested concurrency, for each
+workload, the same seeded prompts for every design). Every design gets a verdict in the evidence store: ``wrong`` (with the prompt and
 token where it diverged), ``crashed``, ``timed_out``, ``not_faster`` or ``faster``.
 
 Fitness is the user's target: the geometric mean of output tok/s over every (workload,
@@ -44,6 +45,7 @@ from pathlib import Path
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.engine.config import EngineConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.swarm.contract import Factory, done_future, drive
 
 from . import design as D
 
@@ -424,7 +426,7 @@ class NullProgress:
     def stop(self): ...
 
 
-class Tuner:
+class Tuner(Factory):
     def __init__(self, cfg: TuneConfig | None, store, resume: str | None = None, progress=None, log=None,
                  llm=None):
         """``llm``: a DesignLLM (llm_designs.py) that proposes designs too, or None."""
@@ -833,86 +835,114 @@ class Tuner:
             self.entries.append(self.default)
         self.log(f"default design: {verdict.outcome.value}, {fit:.1f} tok/s (geomean over {self._pairs()} pairs)"
                  + ("" if self.default_ok else f"; {verdict.detail}"))
-        costs: list[float] = []  # seconds per design so far: one that cannot finish in time is not started
-        while time.monotonic() < deadline and (self.cfg.budget is None or self.evaluated < self.cfg.budget):
-            if costs and deadline - time.monotonic() < 0.75 * statistics.median(costs):
-                self.log(f"{deadline - time.monotonic():.0f} s left, a design takes ~{statistics.median(costs):.0f} s: "
-                         "stopping here")
-                break
-            t_design = time.monotonic()
-            prop = self._propose()
-            if prop is None:
-                self.log("no new design left to try")
-                break
-            design, agent, parents = prop
-            self.seen.add(design.key)
-            self.evaluated += 1
-            note = f"design {self.evaluated}"
-            self.progress.update(self.evaluated, self._best_ratio(), f"{note}: {design.describe()}")
-            verdict, srv = self._evaluate(design, workdir, note)
-            entry = Entry(design, 0.0, 0.0)
-            if verdict.evidence.get("screened_out") and self.default.screen:
-                # verified, measured briefly: the cost model learns its estimated ratio, not a failure
-                if "screen_fitness" in verdict.evidence:
-                    entry.screen = verdict.evidence["screen_fitness"]
-                    entry.ratio = verdict.speedup = entry.screen / self.default.screen
-                else:  # cut short: a level took SCREEN_CAP times the default's, so at most about 1/SCREEN_CAP
-                    entry.ratio = verdict.speedup = 1.0 / SCREEN_CAP
-            new_champion = False
-            try:
-                if srv is not None:
-                    fit = verdict.evidence["fitness"]
-                    entry = Entry(design, fit / self.default.fitness, fit,
-                                  screen=verdict.evidence.get("screen_fitness"))
-                    verdict.speedup = entry.ratio
-                    verdict.ci_low = verdict.ci_high = entry.ratio
-                    against = self.champion or self.default
-                    within = verdict.evidence.get("over_ceiling") is None
-                    if within and fit > against.fitness * (1 + self.cfg.min_effect):
-                        try:
-                            if deadline - time.monotonic() < 1.5 * verdict.seconds:
-                                raise OutOfTime("two more measurements do not fit in the time left")
-                            won, lo, hi = self._confirm(entry, srv, workdir, against)
-                        except OutOfTime as e:
-                            won, lo = False, entry.fitness / against.fitness
-                            hi = lo
-                            verdict.evidence["unconfirmed"] = str(e)
-                            self.log(f"{note}: {lo:.2f}x the {'champion' if self.champion else 'default'} in one "
-                                     f"round, not confirmed ({e}); a longer --time would confirm it")
-                        verdict.evidence["vs_champion"] = [lo, hi]
-                        if won:
-                            verdict.outcome = Outcome.FASTER
-                            verdict.ci_low, verdict.ci_high = lo * against.ratio, hi * against.ratio
-                            verdict.detail = (f"{entry.ratio:.2f}x the default design; beat the "
-                                              f"{'champion' if self.champion else 'default design'} "
-                                              f"twice ({lo:.2f}x, {hi:.2f}x)")
-                            new_champion = True
-                        else:
-                            verdict.detail = f"first round {lo:.2f}-{hi:.2f}x the champion; not confirmed"
-                    if not verdict.detail:
-                        verdict.detail = f"{entry.ratio:.2f}x the default design"
-                    if within and self.champion is None and not new_champion:  # the first verified design
-                        new_champion = True
-                        verdict.detail += " (the first verified design: the default failed verification)"
-            finally:
-                if srv is not None:
-                    srv.close()
-            costs.append(time.monotonic() - t_design)
-            entry.evaluation_id = self._record(design, verdict, agent, "mutate" if parents else "sample", parents)
-            if verdict.evidence.get("out_of_time"):  # unknown, not bad: the cost model does not learn from it
-                self.log(f"{note}: {verdict.detail}")
-                break
-            self.entries.append(entry)
-            self.log(f"{note} {verdict.outcome.value}: {verdict.detail} [{design.describe()}]")
-            if new_champion:
-                self.champion = entry
-                self.store.set_champion(self.problem, design.key, entry.evaluation_id, entry.ratio, self.run_id,
-                                        verdict.detail)
+        self._workdir, self._costs, self._stop, self._pending = workdir, [], False, {}
+        drive(self, budget=self.cfg.budget, deadline=deadline, done=self.evaluated)
         if self.champion is None:
             self.log("no design passed verification: no profile stored")
         elif self.champion is self.default:
             self.store.set_champion(self.problem, self.default.design.key, self.default.evaluation_id, 1.0,
                                     self.run_id, "no design beat the default design on this machine")
+
+    # -- the contract the loop drives (swarm/contract.py): a proposal is (design, agent, parents) --
+    def key(self, prop) -> str:
+        return prop[0].key
+
+    def propose(self):
+        costs = self._costs  # seconds per design so far: one that cannot finish in time is not started
+        if costs and self.deadline - time.monotonic() < 0.75 * statistics.median(costs):
+            self.log(f"{self.deadline - time.monotonic():.0f} s left, a design takes ~{statistics.median(costs):.0f} s: "
+                     "stopping here")
+            self._stop = True
+            return None
+        prop = self._propose()
+        if prop is None:
+            self.log("no new design left to try")
+            self._stop = True
+        return prop
+
+    def finished(self) -> bool:
+        return self._stop
+
+    def submit(self, prop):
+        """Verify and measure a design (and confirm it against the champion where it won its first
+        round), in place: one design at a time owns the machine's CPUs."""
+        design, agent, parents = prop
+        t_design = time.monotonic()
+        self.evaluated += 1
+        note = f"design {self.evaluated}"
+        self.progress.update(self.evaluated, self._best_ratio(), f"{note}: {design.describe()}")
+        verdict, srv = self._evaluate(design, self._workdir, note)
+        entry = Entry(design, 0.0, 0.0)
+        if verdict.evidence.get("screened_out") and self.default.screen:
+            # verified, measured briefly: the cost model learns its estimated ratio, not a failure
+            if "screen_fitness" in verdict.evidence:
+                entry.screen = verdict.evidence["screen_fitness"]
+                entry.ratio = verdict.speedup = entry.screen / self.default.screen
+            else:  # cut short: a level took SCREEN_CAP times the default's, so at most about 1/SCREEN_CAP
+                entry.ratio = verdict.speedup = 1.0 / SCREEN_CAP
+        new_champion = False
+        try:
+            if srv is not None:
+                entry, new_champion = self._judge(design, verdict, srv, note)
+        finally:
+            if srv is not None:
+                srv.close()
+        self._pending[design.key] = (entry, new_champion, note)
+        self._costs.append(time.monotonic() - t_design)
+        return done_future(verdict)
+
+    def _judge(self, design: D.Design, verdict: Verdict, srv, note: str) -> tuple[Entry, bool]:
+        """A measured design against the champion (or the default): confirmed by a second round
+        where it won the first. Sets the verdict's speedup, outcome and detail."""
+        fit = verdict.evidence["fitness"]
+        entry = Entry(design, fit / self.default.fitness, fit, screen=verdict.evidence.get("screen_fitness"))
+        verdict.speedup = entry.ratio
+        verdict.ci_low = verdict.ci_high = entry.ratio
+        against = self.champion or self.default
+        within = verdict.evidence.get("over_ceiling") is None
+        new_champion = False
+        if within and fit > against.fitness * (1 + self.cfg.min_effect):
+            try:
+                if self.deadline - time.monotonic() < 1.5 * verdict.seconds:
+                    raise OutOfTime("two more measurements do not fit in the time left")
+                won, lo, hi = self._confirm(entry, srv, self._workdir, against)
+            except OutOfTime as e:
+                won, lo = False, entry.fitness / against.fitness
+                hi = lo
+                verdict.evidence["unconfirmed"] = str(e)
+                self.log(f"{note}: {lo:.2f}x the {'champion' if self.champion else 'default'} in one "
+                         f"round, not confirmed ({e}); a longer --time would confirm it")
+            verdict.evidence["vs_champion"] = [lo, hi]
+            if won:
+                verdict.outcome = Outcome.FASTER
+                verdict.ci_low, verdict.ci_high = lo * against.ratio, hi * against.ratio
+                verdict.detail = (f"{entry.ratio:.2f}x the default design; beat the "
+                                  f"{'champion' if self.champion else 'default design'} "
+                                  f"twice ({lo:.2f}x, {hi:.2f}x)")
+                new_champion = True
+            else:
+                verdict.detail = f"first round {lo:.2f}-{hi:.2f}x the champion; not confirmed"
+        if not verdict.detail:
+            verdict.detail = f"{entry.ratio:.2f}x the default design"
+        if within and self.champion is None and not new_champion:  # the first verified design
+            new_champion = True
+            verdict.detail += " (the first verified design: the default failed verification)"
+        return entry, new_champion
+
+    def complete(self, prop, verdict: Verdict) -> None:
+        design, agent, parents = prop
+        entry, new_champion, note = self._pending.pop(design.key)
+        entry.evaluation_id = self._record(design, verdict, agent, "mutate" if parents else "sample", parents)
+        if verdict.evidence.get("out_of_time"):  # unknown, not bad: the cost model does not learn from it
+            self.log(f"{note}: {verdict.detail}")
+            self._stop = True
+            return
+        self.entries.append(entry)
+        self.log(f"{note} {verdict.outcome.value}: {verdict.detail} [{design.describe()}]")
+        if new_champion:
+            self.champion = entry
+            self.store.set_champion(self.problem, design.key, entry.evaluation_id, entry.ratio, self.run_id,
+                                    verdict.detail)
 
     def _pairs(self) -> int:
         return len(self.cfg.workloads) * len(self.cfg.concurrency)

@@ -1,9 +1,10 @@
 """The coordinator: the loop that turns agent proposals into evidence and champions.
 
-Per turn: pick a problem (round robin), ask agents in bandit order for a proposal, drop
-duplicates (content hash, across runs on this hardware and validation set), submit to the
-executor, and when a verdict returns: record it (its own transaction), update the champion,
-reward the agent. A ``kill -9`` loses only the evaluations in flight; ``resume`` continues the
+The coordinator is a ``Factory`` of ``swarm/contract.py``, whose ``drive`` is the loop (the engine
+factory's tuner runs on the same one). Per turn: pick a problem (round robin), ask agents in
+bandit order for a proposal, drop duplicates (content hash, across runs on this hardware and
+validation set), submit to the executor, and when a verdict returns: record it (its own
+transaction), update the champion, reward the agent. A ``kill -9`` loses only the evaluations in flight; ``resume`` continues the
 run with the budget it had left. At the end each champion is re-measured before it is announced.
 The analyst turns the evidence into lessons at the start, every ``ANALYST_EVERY`` evaluations of
 a problem and at the end; the boards carry the lessons that apply (prompt lines, knob priors).
@@ -22,7 +23,6 @@ import os
 import random
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 from swarmfactory.adversary import Adversary
@@ -39,6 +39,7 @@ from swarmfactory.knowledge.priors import Knowledge, knowledge_for
 from swarmfactory.llm.client import ChatClient, LLMError, parse_endpoint
 from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
+from swarmfactory.swarm.contract import Factory, drive, result
 from swarmfactory.swarm.executors import Executor, ExecutorError, make_executor
 from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
 from swarmfactory.validation import validation_set
@@ -46,7 +47,6 @@ from swarmfactory.validation import validation_set
 
 ADVERSARY_EVERY = 8      # evaluations of a problem between adversary turns (and after a new champion)
 ADVERSARY_TARGETS = 3    # retained candidates the adversary aims at: the champion and the next best
-MAX_IDLE_TURNS = 50      # consecutive turns in which no agent had anything new: the run is done
 PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
 ANALYST_EVERY = 10       # evaluations of a problem between analyst passes (also at the start and the end)
 ORPHANS_EVERY = 5.0      # seconds between looks for expired leases of dead coordinators to take over
@@ -73,13 +73,27 @@ class ProblemState:
     knowledge: Knowledge = field(default_factory=Knowledge)   # lessons that apply, as the board carries them
 
 
+@dataclass
+class Job:
+    """One proposal in the loop: its problem, the proposal, its candidate id; ``orphan``: taken
+    over from a coordinator that died (evaluated whatever this one has seen). Set at submit: the
+    validation set it is verified on and the lease's attempts."""
+
+    st: ProblemState
+    prop: Proposal
+    cid: str
+    orphan: bool = False
+    vversion: str | None = None
+    attempts: int = 0
+
+
 class NullProgress:
     def start(self, run_id, total, time_s, problems): ...
     def update(self, done, champions, counts): ...
     def stop(self): ...
 
 
-class Coordinator:
+class Coordinator(Factory):
     def __init__(self, config: RunConfig, store: Store, resume: str | None = None,
                  progress=None, executor: Executor | None = None):
         self.store, self.progress = store, progress or NullProgress()
@@ -197,55 +211,14 @@ class Coordinator:
         self.leases = Leases(self.store, self.run_id, cfg.lease_s)
         self.leases.start()
         self._learn(states.values())  # lessons from earlier evidence, before the first proposal
-        done = self._done_in_run()
+        self._done = self._done_in_run()
         deadline = time.monotonic() + cfg.time_s - elapsed if cfg.time_s else None
         self.progress.start(self.run_id, cfg.budget, cfg.time_s, [p.name for p in self.problems])
-        in_flight: dict = {}
-        turn = idle_turns = 0
+        self._turn, self._in_flight = 0, 0
         status = "finished"
         try:
-            while True:
-                while (len(in_flight) < cfg.parallel and (cfg.budget is None or done + len(in_flight) < cfg.budget)
-                       and (deadline is None or time.monotonic() < deadline)):
-                    job = (self._orphan_job(states)
-                           or self._next_job(states, turn, cfg.budget and cfg.budget - done - len(in_flight)))
-                    turn += 1
-                    if job is None:
-                        idle_turns += 1
-                        break
-                    idle_turns = 0
-                    st, prop, cid = job
-                    st.seen.add(cid)
-                    claim = self.leases.claim(st.problem, cid, st.vversion)
-                    if claim.status != CLAIMED:  # another coordinator holds it or has done it
-                        self.duplicates += 1
-                        continue
-                    self.store.record_candidate(prop.record(st.problem, self.run_id))  # a taker-over finds its source
-                    st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
-                    fut = self.executor.submit(st.problem, prop.source, st.cases)
-                    in_flight[fut] = (st, prop, cid, st.vversion, claim.attempts)
-                waiting = any(a.busy() for a in self.agents.values())
-                if not in_flight and ((idle_turns > MAX_IDLE_TURNS and not waiting)
-                                      or all(s.exhausted for s in states.values())
-                                      or (cfg.budget is not None and done >= cfg.budget)
-                                      or (deadline is not None and time.monotonic() >= deadline)):
-                    break
-                if not in_flight:
-                    time.sleep(0.2)  # agents are thinking (or have nothing): do not spin
-                    continue
-                finished, _ = wait(list(in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    st, prop, cid, vversion, attempts = in_flight.pop(fut)
-                    st.pending.pop(cid, None)
-                    verdict = self._result(fut)
-                    if attempts > 1:
-                        verdict.evidence["lease"] = f"taken over after {attempts - 1} expired lease(s)"
-                    if self._complete(st, prop, cid, verdict, vversion) or st.since_adversary >= ADVERSARY_EVERY:
-                        self._adversary_turn(st)
-                    if st.since_analysis >= ANALYST_EVERY:
-                        self._learn([st])
-                    done += 1
-                self.progress.update(done, self._champion_speedups(states), self.counts)
+            drive(self, parallel=cfg.parallel, budget=cfg.budget, deadline=deadline, done=self._done,
+                  on_progress=lambda done: self.progress.update(done, self._champion_speedups(states), self.counts))
             if cfg.remeasure_champions:
                 self._remeasure(states)
             self._learn(states.values())
@@ -303,12 +276,52 @@ class Coordinator:
         start, last = run["created_at"], evs[-1]["created_at"]
         return max(0.0, (last - start).total_seconds())
 
-    @staticmethod
-    def _result(fut) -> Verdict:
-        try:
-            return fut.result()
-        except Exception as exc:  # a harness bug must not end the run; record it as a crash
-            return Verdict(Outcome.CRASHED, f"harness error: {type(exc).__name__}: {exc}", "harness")
+    # -- the contract the loop drives (swarm/contract.py) ----------------------------------------
+    def key(self, job: Job) -> str:
+        return f"{job.st.problem.name}/{job.cid}"
+
+    def fresh(self, job: Job) -> bool:
+        return job.orphan or job.cid not in job.st.seen
+
+    def mark(self, job: Job) -> None:
+        job.st.seen.add(job.cid)
+
+    def propose(self) -> Job | None:
+        cfg = self.config
+        budget_left = cfg.budget and cfg.budget - self._done - self._in_flight
+        job = self._orphan_job(self.states) or self._next_job(self.states, self._turn, budget_left)
+        self._turn += 1
+        return job
+
+    def submit(self, job: Job):
+        st, prop, cid = job.st, job.prop, job.cid
+        claim = self.leases.claim(st.problem, cid, st.vversion)
+        if claim.status != CLAIMED:  # another coordinator holds it or has done it
+            self.duplicates += 1
+            return None
+        self.store.record_candidate(prop.record(st.problem, self.run_id))  # a taker-over finds its source
+        st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
+        job.vversion, job.attempts = st.vversion, claim.attempts
+        self._in_flight += 1
+        return self.executor.submit(st.problem, prop.source, st.cases)
+
+    def complete(self, job: Job, verdict: Verdict) -> None:
+        st = job.st
+        self._in_flight -= 1
+        self._done += 1
+        st.pending.pop(job.cid, None)
+        if job.attempts > 1:
+            verdict.evidence["lease"] = f"taken over after {job.attempts - 1} expired lease(s)"
+        if self._complete(st, job.prop, job.cid, verdict, job.vversion) or st.since_adversary >= ADVERSARY_EVERY:
+            self._adversary_turn(st)
+        if st.since_analysis >= ANALYST_EVERY:
+            self._learn([st])
+
+    def thinking(self) -> bool:
+        return any(a.busy() for a in self.agents.values())
+
+    def finished(self) -> bool:
+        return all(s.exhausted for s in self.states.values())
 
     def _orphan_job(self, states: dict[str, ProblemState]):
         """A candidate whose lease expired before its verdict was recorded (its coordinator died):
@@ -321,8 +334,9 @@ class Coordinator:
                 cand = self.store.candidate(cid)
                 if cid in st.pending or cand is None:
                     continue
-                return st, Proposal(cand["source"], cand["agent"], cand["operator"], cand["knobs"],
-                                    list(cand["parents"] or []), cand["generation"], cand["backend"]), cid
+                return Job(st, Proposal(cand["source"], cand["agent"], cand["operator"], cand["knobs"],
+                                        list(cand["parents"] or []), cand["generation"], cand["backend"]), cid,
+                           orphan=True)
         return None
 
     def _next_job(self, states: dict[str, ProblemState], turn: int, budget_left):
@@ -348,7 +362,7 @@ class Coordinator:
                     if cid in st.seen:
                         self.duplicates += 1
                     else:
-                        fresh = (st, prop, cid)
+                        fresh = Job(st, prop, cid)
                         break
                 if fresh:
                     return fresh
@@ -462,7 +476,7 @@ class Coordinator:
             if champ is None:
                 continue
             cand = self.store.candidate(champ["candidate_id"])
-            verdict = self._result(self.executor.submit(st.problem, cand["source"], st.cases))
+            verdict = result(self.executor.submit(st.problem, cand["source"], st.cases))
             eval_id = self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
             if verdict.outcome.measured:
                 self.store.set_champion(st.problem, cand["id"], eval_id, verdict.speedup, self.run_id,
