@@ -68,7 +68,10 @@ class EngineConfig(BaseModel):
       pins candidate ``ID`` (it must have passed the harness on this hardware), which is how an
       engine design names the champion it was verified with.
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
-      fp32 is much cheaper per call than in bf16, which dominates decode attention here.
+      fp32 is much cheaper per call than in bf16, which dominates decode attention here. int8:
+      each token's k and v of each kv head quantised to int8 with its own fp32 scale
+      (absmax / 127), read back to fp32 for attention: a quarter of fp32's memory (plus 4 bytes
+      per head per token), for long contexts or many sequences where the cache is what runs out.
     - ``dense_above``: q4_1 only; op -> rows. A call of that op with more rows (tokens in the
       step; logit rows for lm_head) runs a dense copy of the weight (bf16 oneDNN, or fp32 sgemm
       where bf16 is unavailable) instead of the op's kernel (faster once compute-bound). Ops not
@@ -105,7 +108,7 @@ class EngineConfig(BaseModel):
     max_seq_len: int = Field(default=2048, ge=16)
     prefill_chunk: int = Field(default=256, ge=16)
     kernels: dict[str, str] = Field(default_factory=dict)
-    kv_dtype: Literal["fp32", "bf16"] = "fp32"
+    kv_dtype: Literal["fp32", "bf16", "int8"] = "fp32"
     dense_above: dict[str, int] | None = None
     native_decode: int | None = Field(default=None, ge=0)
     native_prefill: int | None = Field(default=None, ge=0)

@@ -5,11 +5,25 @@ so one indexed write stores a token's k and v, and each plane is [slots, heads, 
 slots and heads mergeable into one batch dimension for bmm without a copy. A sequence owns one slot from admission to finish, so nothing is copied when
 the batch changes; the scheduler hands out the lowest free slot so that running slots tend to
 form a contiguous range, which attention reads as a view instead of a gather.
+
+
+int8 (``dtype=torch.int8``): each token's k (and v) of each kv head is stored as int8 with its
+own fp32 scale in ``scales`` ([2, slots, n_kv_heads, max_seq_len, 1] per layer), written by
+``write`` and read back as fp32 by ``read``; the float dtypes store values as they are.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per vector (last dim) symmetric int8: (q, scale) with x ~ q * scale, scale = absmax / 127
+    (1 for an all-zero vector)."""
+    x = x.float()
+    amax = x.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
 
 
 class KVCache:
@@ -19,6 +33,9 @@ class KVCache:
         # zeros, not empty: unused positions are read (and masked) by batched attention, and
         # masked garbage that happens to be NaN would still poison softmax @ V.
         self.kv = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.quantized = dtype == torch.int8
+        self.scales = ([torch.zeros((*shape[:-1], 1), dtype=torch.float32) for _ in range(n_layers)]
+                       if self.quantized else None)
         self.slots = slots
         self.max_seq_len = max_seq_len
         self._free = list(range(slots))
@@ -36,5 +53,22 @@ class KVCache:
             raise ValueError(f"KV slot {slot} released twice")
         self._free.append(slot)
 
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor) -> None:
+        """Store ``kv`` [n, 2, n_kv_heads, head_dim] (each row's k and v) at (slot, position) per row."""
+        if self.quantized:
+            q, scale = quantize_int8(kv)
+            self.kv[layer][:, slots, :, positions] = q
+            self.scales[layer][:, slots, :, positions] = scale
+        else:
+            self.kv[layer][:, slots, :, positions] = kv
+
+    def read(self, layer: int, plane: int, slots, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Plane 0 (k) or 1 (v) of ``slots`` (an int, a slice or an index tensor) for positions
+        0..end-1, as ``dtype``: a view of the cache where it is stored so, else a copy."""
+        t = self.kv[layer][plane, slots, :, :end]
+        if self.quantized:
+            return t.to(dtype) * self.scales[layer][plane, slots, :, :end].to(dtype)
+        return t
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.kv)
+        return sum(t.numel() * t.element_size() for t in self.kv + (self.scales or []))

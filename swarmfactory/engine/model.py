@@ -59,7 +59,9 @@ class Llama:
         hp = gg.hparams
         self.hp = hp
         self.dtype = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
-        self.kv_dtype = torch.float32 if cfg.kv_dtype == "fp32" else torch.bfloat16
+        self.kv_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[cfg.kv_dtype]
+        # attention runs in the cache's dtype; an int8 cache is read back to fp32
+        self.att_dtype = torch.float32 if self.kv_dtype == torch.int8 else self.kv_dtype
         self.n_heads, self.n_kv, self.hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
         self.group = hp.n_heads // hp.n_kv_heads
         self.eps = hp.norm_eps
@@ -106,7 +108,7 @@ class Llama:
         sin = emb.sin()
         # rotate_half(x) * sin == [x_hi, x_lo] * [-sin_lo, sin_hi]: the sign lives in the table.
         self.cos = emb.cos().to(dt)
-        self._zero = torch.zeros(1, 1, 1, dtype=self.kv_dtype)  # baddbmm's ignored input (beta=0)
+        self._zero = torch.zeros(1, 1, 1, dtype=self.att_dtype)  # baddbmm's ignored input (beta=0)
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dt)
 
     def new_cache(self, slots: int, max_seq_len: int) -> KVCache:
@@ -127,7 +129,7 @@ class Llama:
         sn[:, : H + KV] = sin
         return c, sn
 
-    def _decode_attention(self, q: torch.Tensor, cache: torch.Tensor, s: StepInput) -> torch.Tensor:
+    def _decode_attention(self, q: torch.Tensor, kv: KVCache, li: int, s: StepInput) -> torch.Tensor:
         """One query token per sequence against its cached keys: [B, H, D] -> [B, H * D].
 
         Plain bmm + softmax: at one query row per head, SDPA's flash kernel costs 2-3x more on
@@ -135,12 +137,9 @@ class Llama:
         """
         B, KV, G, D, L = q.shape[0], self.n_kv, self.group, self.hd, s.decode_len
         if self.exact_attention:
-            return self._exact_decode_attention(q, cache, s)
-        if s.decode_range is not None:
-            a, b = s.decode_range
-            k, v = cache[0, a:b, :, :L], cache[1, a:b, :, :L]
-        else:
-            k, v = cache[0, s.decode_slots, :, :L], cache[1, s.decode_slots, :, :L]
+            return self._exact_decode_attention(q, kv, li, s)
+        slots = slice(*s.decode_range) if s.decode_range is not None else s.decode_slots
+        k, v = kv.read(li, 0, slots, L, self.att_dtype), kv.read(li, 1, slots, L, self.att_dtype)
         k, v = k.reshape(B * KV, L, D), v.reshape(B * KV, L, D)  # views when slots are a range
         scores = torch.baddbmm(self._zero, q.reshape(B * KV, G, D), k.transpose(1, 2), beta=0.0,
                                alpha=self.scale)
@@ -148,7 +147,7 @@ class Llama:
             scores.view(B, KV, G, L).add_(s.decode_bias)
         return torch.bmm(torch.softmax(scores, dim=-1), v).view(B, KV * G * D)
 
-    def _exact_decode_attention(self, q: torch.Tensor, cache: torch.Tensor, s: StepInput) -> torch.Tensor:
+    def _exact_decode_attention(self, q: torch.Tensor, kv: KVCache, li: int, s: StepInput) -> torch.Tensor:
         """``attention: exact``: each sequence against exactly its own context, with the same
         operations (and shapes) whatever else is in the step, so batching never changes its sums."""
         B, KV, G, D = q.shape[0], self.n_kv, self.group, self.hd
@@ -156,7 +155,7 @@ class Llama:
         lens = (s.positions[:B] + 1).tolist()
         out = torch.empty(B, KV * G * D, dtype=q.dtype)
         for i, (slot, n) in enumerate(zip(slots, lens)):
-            k, v = cache[0, slot, :, :n], cache[1, slot, :, :n]  # [KV, n, D] views
+            k, v = kv.read(li, 0, slot, n, self.att_dtype), kv.read(li, 1, slot, n, self.att_dtype)  # [KV, n, D]
             scores = torch.baddbmm(self._zero, q[i].reshape(KV, G, D), k.transpose(1, 2), beta=0.0,
                                    alpha=self.scale)
             out[i] = torch.bmm(torch.softmax(scores, dim=-1), v).view(KV * G * D)
@@ -170,7 +169,7 @@ class Llama:
         heads, half, eps = H + 2 * KV, self.hd // 2, self.eps
         cos, sin = self._rope_tables(s.positions)
         nd = s.n_decode
-        cast = self.kv_dtype != self.dtype  # attention runs in the cache's dtype
+        cast = self.att_dtype != self.dtype
         x = F.embedding(s.tokens, self.embed)
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, eps)
@@ -178,16 +177,16 @@ class Llama:
             rot = torch.cat([qkv[..., half:], qkv[..., :half]], dim=-1)  # cheaper than roll
             qkv = torch.addcmul(qkv * cos, rot, sin)
             if cast:
-                qkv = qkv.to(self.kv_dtype)
-            cache = kv.kv[li]  # [2, slots, KV, max_len, D]
-            cache[:, s.slots, :, s.positions] = qkv[:, H:].view(n, 2, KV, D)
+                qkv = qkv.to(self.att_dtype)
+            kv.write(li, s.slots, s.positions, qkv[:, H:].view(n, 2, KV, D))
             outs = []
             if nd:
-                outs.append(self._decode_attention(qkv[:nd, :H], cache, s))
+                outs.append(self._decode_attention(qkv[:nd, :H], kv, li, s))
             for ch in s.prefills:
                 q = qkv[ch.row : ch.row + ch.n, :H].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
                 end = ch.start + ch.n
-                k, v = cache[0, ch.slot : ch.slot + 1, :, :end], cache[1, ch.slot : ch.slot + 1, :, :end]
+                one = slice(ch.slot, ch.slot + 1)
+                k, v = kv.read(li, 0, one, end, self.att_dtype), kv.read(li, 1, one, end, self.att_dtype)
                 if ch.start == 0:
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
                 else:

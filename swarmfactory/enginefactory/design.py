@@ -29,7 +29,7 @@ KNOBS: dict[str, tuple] = {
     "native_decode": (None, 0, 8, 16, 32, 64),
     "native_prefill": (None, 0, 16, 64, 128),
     "dense": tuple(DENSE),
-    "kv_dtype": ("fp32", "bf16"),
+    "kv_dtype": ("fp32", "bf16", "int8"),           # int8: per head and token scale (engine/kv_cache.py)
     "prefill_chunk": (64, 128, 256, 512),
     "max_batch": (16, 32, 64, 128),
     "threads": (0, 1),                               # 0: one per core

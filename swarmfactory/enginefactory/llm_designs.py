@@ -48,7 +48,8 @@ MEANINGS = {
              "sgemm where bf16 is not available) instead of torch's int4 kernel; calibrated = measured on "
              "this machine, none = every call on the int4 kernel, early = half the default thresholds, "
              "late = four times them",
-    "kv_dtype": "KV cache dtype; bf16 halves its memory, and the native decoder needs fp32",
+    "kv_dtype": "KV cache dtype; bf16 halves its memory, int8 (a scale per head and token) quarters it, "
+                "and the native decoder needs fp32",
     "prefill_chunk": "prompt tokens per engine step (chunked prefill: smaller chunks interleave long prompts "
                      "with the decode of other sequences)",
     "max_batch": "sequences decoded together (KV cache slots); further requests wait",

@@ -3,6 +3,7 @@
 Bounds (over the fixed text swarmfactory/engine/data/ppl_text.txt, ~400 tokens):
   bf16:            max |logit error| <= 1.5, mean <= 0.15, perplexity within 2% of fp32
   q4_1 (int4 path) max |logit error| <= 2.0, mean <= 0.25, perplexity within 3% of fp32
+                   (also with the KV cache in int8)
 Measured values are in docs/engine.md; the bounds leave headroom for other CPUs' rounding.
 """
 
@@ -33,7 +34,8 @@ def fp32_logits(fp32_engine, ppl_ids):
     ("bf16", {}),
     ("q4_1", {"dense_above": ()}),  # every matmul on the int4 kernel
     ("q4_1", {}),  # default: prefill-sized steps on the dense bf16 copy
-], ids=["bf16", "q4_1-int4", "q4_1-default"])
+    ("q4_1", {"dense_above": (), "kv_dtype": "int8"}),  # and the KV cache in int8 (a scale per head and token)
+], ids=["bf16", "q4_1-int4", "q4_1-default", "q4_1-int4-kv-int8"])
 def test_logit_and_perplexity_bounds(weights, opts, fp32_logits, ppl_ids):
     eng = get_engine(weights, prefill_chunk=128, **opts)
     logits = eng.score(ppl_ids)
