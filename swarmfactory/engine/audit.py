@@ -5,9 +5,10 @@ given, not only on the shapes checked at load: the native decoder recomputes one
 group of every call of the external ``q4_1_packed_matvec`` kernel with its built-in loop
 (decode.c, ``Ext``); a per-op ``q4_1_matmul`` library (``native_seam.NativeLinear``) has random
 output rows of its calls recomputed from the dequantised weight, on every call at a batch size
-it has not run before and on a random share of the others. A kernel that a hostile or unlucky
-candidate made wrong only at some batch size, row count or position is caught at its first
-audited wrong call.
+it has not run before and on a random share of the others. Every call of the matvec, and every
+audited call of a library, must also leave its inputs as they were and the memory just past
+its outputs untouched. A kernel that a hostile or unlucky candidate made wrong only at some
+batch size, row count or position is caught at its first audited wrong call.
 
 At the first mismatch the kernel is dropped for the rest of the process: the call (or the
 decode step) is computed again by the engine's own code, so no wrong output reaches a user,

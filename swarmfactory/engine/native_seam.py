@@ -146,23 +146,34 @@ class NativeLinear(LinearKernel):
         if st["dropped"] is not None:
             return self.fallback()(x)
         xf = x.to(torch.float32).contiguous()  # no copy for contiguous fp32
-        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        if x.shape[0]:
-            self._run(xf, y)
-            st["calls"] += 1
-            m = x.shape[0]
-            if self.check and (m not in self._seen or st["rng"].random() < AUDIT_SHARE):
-                self._seen.add(m)
-                if not self.audit(xf, y):
-                    return self.fallback()(x)
+        m, n = x.shape[0], self.out_features
+        if not m:
+            return torch.empty(0, n, dtype=self.act_dtype)
+        audit = self.check and (m not in self._seen or st["rng"].random() < AUDIT_SHARE)
+        if audit:  # inputs kept, a guard zone each side of the output
+            self._seen.add(m)
+            x_before = xf.clone()
+            buf = torch.full((_GUARD + m * n + _GUARD,), _SENTINEL, dtype=torch.float32)
+            y = buf[_GUARD:_GUARD + m * n].view(m, n)
+        else:
+            y = torch.empty(m, n, dtype=torch.float32)
+        self._run(xf, y)
+        st["calls"] += 1
+        if audit and not self.audit(xf, y, x_before, buf):
+            return self.fallback()(x_before.to(x.dtype))
         return y if self.act_dtype == torch.float32 else y.to(self.act_dtype)
 
-    def audit(self, xf: torch.Tensor, y: torch.Tensor) -> bool:
-        """Recompute AUDIT_ROWS random output rows of this call from the dequantised weight;
-        False (and the library dropped, the finding reported) if one is out of tolerance."""
+    def audit(self, xf: torch.Tensor, y: torch.Tensor, x_before: torch.Tensor, buf: torch.Tensor) -> bool:
+        """The call left its inputs and the memory around its output as they were, and
+        AUDIT_ROWS random output rows recomputed from the dequantised weight agree; False (and
+        the library dropped, the finding reported) if not."""
         st = self.audit_state
         st["audited"] += 1
         n, k, m = self.out_features, self.in_features, xf.shape[0]
+        if not torch.equal(xf, x_before):
+            return self._drop(m, "the call changed its inputs (the activations)")
+        if not (bool((buf[:_GUARD] == _SENTINEL).all()) and bool((buf[-_GUARD:] == _SENTINEL).all())):
+            return self._drop(m, "the call wrote outside its outputs")
         rows = torch.tensor(sorted(st["rng"].sample(range(n), min(AUDIT_ROWS, n))))
         blocks = self.wq.view(n, k // 32, 20)[rows]  # GGUF Q4_1: fp16 d, fp16 m, 16 bytes of nibbles
         d = blocks[..., 0:2].contiguous().view(torch.float16).float()
@@ -176,12 +187,19 @@ class NativeLinear(LinearKernel):
         if not bool(bad.any()):
             return True
         b, r = (int(i) for i in bad.nonzero()[0])
-        detail = (f"n={n} k={k} batch={m}: output [{b}, {int(rows[r])}] was {got[b, r].item():.6g}, the "
-                  f"dequantised weight gives {ref[b, r].item():.6g} (allowed {CHECK_TOL:g} * (1 + |that|))")
+        return self._drop(m, f"output [{b}, {int(rows[r])}] was {got[b, r].item():.6g}, the dequantised "
+                                 f"weight gives {ref[b, r].item():.6g} (allowed {CHECK_TOL:g} * (1 + |that|) + "
+                                 f"{AUDIT_SCALE:g} of the size of its terms)")
+
+    def _drop(self, m: int, what: str) -> bool:
+        """Drop the library (for every op on it) and report what a call of ``m`` rows did, once."""
+        st = self.audit_state
         if st["dropped"] is None:
             from .audit import report
 
-            st["dropped"] = report(PROBLEM, self.library.candidate, {"n": n, "k": k, "batch": m}, detail)
+            n, k = self.out_features, self.in_features
+            st["dropped"] = report(PROBLEM, self.library.candidate, {"n": n, "k": k, "batch": m},
+                                   f"n={n} k={k} batch={m}: {what}")
         return False
 
     def fallback(self) -> LinearKernel:

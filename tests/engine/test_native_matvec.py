@@ -260,6 +260,41 @@ def test_a_kernel_wrong_only_at_an_unchecked_batch_is_caught_while_serving(tmp_p
         _engine(native_matvec=f"champion:{PROBLEM}@{cand}")
 
 
+def _wrapped(problem, after: str) -> str:
+    """The template's kernel, then ``after`` (C, with the call's arguments in scope)."""
+    src = problem.render().replace("void q4_1_packed_matvec(", "static void right_matvec(")
+    return src + ("void q4_1_packed_matvec(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs,\n"
+                  "                        float *y, int64_t n, int64_t k, int64_t batch) {\n"
+                  f"    right_matvec(w, xq, xd, xs, y, n, k, batch);\n    {after}\n}}\n")
+
+
+@pytest.mark.parametrize("after,why", [
+    ("if (batch == 3) ((int8_t *)xq)[5] ^= 3;", "the call changed its inputs"),
+    ("if (batch == 3) y[n * batch + 2] = 0.f;", "the call wrote past its outputs"),
+], ids=["changes-its-inputs", "writes-past-its-outputs"])
+def test_the_audit_checks_every_call_leaves_its_inputs_and_the_memory_past_its_outputs(problem, after, why):
+    """Right outputs, but at 3 rows the kernel changes the activations every thread's calls share,
+    or writes past its outputs: caught at that call; the result is computed again from scratch."""
+    from gguf import GGMLQuantizationType as QT
+
+    from swarmfactory.backends.c import CBackend
+    from swarmfactory.engine.kernels import Weight
+    from swarmfactory.engine.native import linear, load_library, random_tensor
+    from swarmfactory.engine.native.matvec import Matvec
+
+    src = _wrapped(problem, after)
+    art = CBackend().build(src, PROBLEM, prototype=problem.c_prototype, checks=True)
+    mv = Matvec("test", "", src, "test", art.path, problem.tolerance.rtol, problem.tolerance.atol)
+    lib = load_library(runnable_paths()[0])
+    weight = Weight([random_tensor(QT.Q4_1, 67, 288, seed=2)])
+    for rows in (2, 3):
+        x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
+        ext = External(lib, mv, __import__("ctypes").CDLL(art.path))
+        assert torch.equal(linear(lib, weight, x, threads=2, ext=ext.ext), linear(lib, weight, x, threads=2))
+        assert bool(ext.ext.bad) == (rows == 3)
+    assert f"batch=3: {why}" in ext.ext.mismatch()
+
+
 def test_the_audit_catches_a_wrong_call_and_recomputes_it(problem):
     """sf_linear with the kernel: the rows of a call at the bad batch come back right (computed
     again by the built-in loop) and the first mismatch is named; the raw kernel (audit off) is

@@ -47,12 +47,18 @@ def libs(problem, tmp_path_factory):
         "void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch) {\n"
         "    right_q4_1_matmul(wq, x, y, n, k, batch);\n"
         "    if (batch == 4) for (int64_t i = 0; i < n * batch; i++) y[i] *= 1.05f;\n}\n")
+    # right outputs, but in calls of 4 rows it changes its input (the activations the next op reads)
+    changes4 = good.replace("void q4_1_matmul(", "static void right_q4_1_matmul(") + (
+        "void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch) {\n"
+        "    right_q4_1_matmul(wq, x, y, n, k, batch);\n"
+        "    if (batch == 4) ((float *)x)[3] += 1.0f;\n}\n")
     assert broken != good and good.count("void q4_1_matmul(") == 1
     cc = CBackend()
     out = {}
     for name, src, symbol, proto in (("good", good, problem.name, problem.c_prototype),
                                      ("broken", broken, problem.name, problem.c_prototype),
                                      ("only4", only4, problem.name, problem.c_prototype),
+                                     ("changes4", changes4, problem.name, problem.c_prototype),
                                      ("other", "void other_name(void) {}\n", "other_name", None)):
         art = cc.build(src, symbol, prototype=proto)
         out[name] = tmp / f"{name}.so"
@@ -182,6 +188,21 @@ def test_a_library_wrong_only_at_an_unchecked_batch_is_caught_while_serving(libs
     audit = eng.kernel_audit()["native_kernels"]
     assert set(audit) == set(Q4_1_OPS) and audit["down"]["dropped"] == st["dropped"]
     assert 0 < audit["down"]["audited"] <= audit["down"]["calls"]
+
+
+def test_a_library_that_changes_its_inputs_at_an_unchecked_batch_is_caught(libs, weight):
+    """The first call at 4 rows is audited: the change to its input is seen, the op's own kernel
+    computes the call from the input as it was, and the library is dropped."""
+    from swarmfactory.engine.native_seam import kernel_class
+
+    cls = kernel_class(libs["changes4"], name="test_changes4")
+    op = cls(weight, torch.float32)  # passes the load check (1 and 5 rows)
+    x = torch.randn(4, weight.cols, generator=torch.Generator().manual_seed(5))
+    x_in = x.clone()
+    y = op(x)
+    assert "batch=4: the call changed its inputs" in cls.audit_state["dropped"]
+    assert torch.allclose(y, x_in @ weight.dequantize().T, rtol=1e-2, atol=1e-2)
+    assert op.fallback() is not None and not torch.equal(x, x_in)  # it did change the caller's tensor
 
 
 def test_broken_library_can_be_plugged_unchecked_for_verifier_tests(libs, weight):

@@ -114,7 +114,10 @@ typedef struct Ext {
     /* the first mismatch: the call's n, k, batch, the output's row and batch row, the values */
     int64_t n, k, batch, row, b;
     float got, want, bound;       /* bound: the magnitude term of its tolerance */
+    int32_t why;                  /* WRONG_OUTPUT, CHANGED_INPUTS or WROTE_PAST_OUTPUT */
 } Ext;
+
+enum { WRONG_OUTPUT = 1, CHANGED_INPUTS = 2, WROTE_PAST_OUTPUT = 3 };
 
 typedef struct {
     int64_t n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len;
@@ -332,8 +335,9 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
 
 /* Output floats of one external call, per thread: a thread's share runs in calls of at most
  * this many outputs into its scratch, then copied (or added) into y with y's row stride; after
- * them, 2 * ROWS * max_b floats for the audit (the recomputed group and its bounds). */
-#define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 66)
+ * them, 2 * ROWS * max_b floats for the audit (the recomputed group and its bounds) and the
+ * guard zone. */
+#define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 66 + 16)
 
 static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -348,6 +352,39 @@ static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
  * (per block j): on real activations the terms of an output reach far beyond it, and fp32
  * sums of them in another order (a kernel's legitimate choice) differ by ~1e-6 of that. */
 #define AUDIT_SCALE 1e-5f
+
+/* The first failure, recorded once: the kernel is dropped from then on. */
+static void fail(Ext *e, int why, int64_t n, int64_t k, int64_t B, int64_t row, int64_t b, float got, float want,
+                 float bound) {
+    if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
+        e->n = n; e->k = k; e->batch = B; e->row = row; e->b = b;
+        e->got = got; e->want = want; e->bound = bound; e->why = why;
+    }
+}
+
+/* A keyed hash of the call's inputs (the B rows of quantised activations, scales and offset
+ * terms): the same before and after every call, or the kernel wrote to its inputs (which the
+ * other threads' calls share). Keyed with the secret seed, so a change cannot be made to hash
+ * the same. Costs about 1 / (rows of the call) of the call. */
+static uint64_t act_hash(const Ext *e, const Act *a, int64_t B, int64_t K) {
+    uint64_t h = 0;
+    const int64_t nq = B * K / 8, nb = B * K / 32;
+    for (int64_t i = 0; i < nq; i++) {
+        uint64_t w;
+        memcpy(&w, a->q + 8 * i, 8);
+        h += mix64(w ^ (e->seed + (uint64_t)i * 0x9e3779b97f4a7c15ULL));
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        uint32_t d, s;
+        memcpy(&d, a->d + i, 4);
+        memcpy(&s, a->s + i, 4);
+        h += mix64((((uint64_t)d << 32) | s) ^ (e->seed * 3 + (uint64_t)i));
+    }
+    return h;
+}
+
+#define GUARD 16 /* floats after a call's outputs that it must leave as they were */
+
 static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g, int64_t r0, int64_t n,
                        const float *out, float *ref, float *bound) {
     const int64_t nb = W->cols / 32, rec = nb * REC_Q4, row0 = ROWS * g;
@@ -377,10 +414,7 @@ static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g,
             const float got = out[b * n + row0 - r0 + r], want = ref[b * ROWS + r];
             const float tol = e->atol + e->rtol * fabsf(want) + AUDIT_SCALE * bound[b * ROWS + r];
             if (!(fabsf(got - want) <= tol)) { /* NaN fails too */
-                if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
-                    e->n = n; e->k = W->cols; e->batch = B; e->row = row0 + r; e->b = b;
-                    e->got = got; e->want = want; e->bound = AUDIT_SCALE * bound[b * ROWS + r];
-                }
+                fail(e, WRONG_OUTPUT, n, W->cols, B, row0 + r, b, got, want, AUDIT_SCALE * bound[b * ROWS + r]);
                 return 1;
             }
         }
@@ -391,8 +425,10 @@ static void matmul_external(Ext *e, const Mat *W, const Act *a, int64_t B, int64
                             float *y, int64_t ldy, int accumulate, float *tmp, int64_t tmp_len) {
     const int64_t rec = (W->cols / 32) * REC_Q4;
     float *ref = tmp + tmp_len - 2 * ROWS * B, *bound = ref + ROWS * B;
-    tmp_len -= 2 * ROWS * B;
+    tmp_len -= 2 * ROWS * B + GUARD;
     const int64_t step = tmp_len / (ROWS * B) > 0 ? tmp_len / (ROWS * B) : 1;
+    const uint64_t inputs = e->audit ? act_hash(e, a, B, W->cols) : 0;
+    union { uint32_t u; float f; } sentinel = {(uint32_t)mix64(e->seed) | 0x7fc00001u}; /* a NaN */
     for (int64_t c0 = g0; c0 < g1; c0 += step) {
         const int64_t c1 = c0 + step < g1 ? c0 + step : g1;
         const int64_t r0 = ROWS * c0, n = (ROWS * c1 < W->rows ? ROWS * c1 : W->rows) - r0;
@@ -400,8 +436,23 @@ static void matmul_external(Ext *e, const Mat *W, const Act *a, int64_t B, int64
             matmul_groups(W, a, B, c0, g1, y, ldy, accumulate);
             return;
         }
+        for (int i = 0; i < GUARD; i++) tmp[n * B + i] = sentinel.f;
         e->fn(W->data + c0 * rec, a->q, a->d, a->s, tmp, n, W->cols, B);
         const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
+        if (e->audit) { /* every call: its inputs unchanged, nothing written past its outputs */
+            int past = 0;
+            for (int i = 0; i < GUARD; i++) {
+                uint32_t u;
+                memcpy(&u, tmp + n * B + i, 4);
+                past |= u != sentinel.u;
+            }
+            const int changed = act_hash(e, a, B, W->cols) != inputs;
+            if (changed || past) {
+                fail(e, changed ? CHANGED_INPUTS : WROTE_PAST_OUTPUT, n, W->cols, B, 0, 0, 0.f, 0.f, 0.f);
+                matmul_groups(W, a, B, c0, g1, y, ldy, accumulate);
+                return;
+            }
+        }
         const uint64_t draw = mix64(e->seed + call * 0x9e3779b97f4a7c15ULL);
         int check = e->audit && e->share <= 1;
         if (e->audit && !check) {
@@ -695,7 +746,8 @@ int sf_linear(const Mat *W, int64_t B, const float *x, float *y, int threads, Ex
 #pragma omp parallel num_threads(threads)
     matmul(W, &a, B, y, W->rows, 0, ext, mv, mv_len);
     const int dropped = ext && !was_bad && __atomic_load_n(&ext->bad, __ATOMIC_SEQ_CST);
-    if (dropped) { /* as sf_decode: again on the built-in loop */
+    if (dropped) { /* as sf_decode: again on the built-in loop, from x (the kernel may have changed a) */
+        for (int64_t b = 0; b < B; b++) quantize_row(x + b * W->cols, W->cols, &a, b);
 #pragma omp parallel num_threads(threads)
         matmul(W, &a, B, y, W->rows, 0, ext, mv, mv_len);
     }

@@ -41,12 +41,16 @@ class Ext(ctypes.Structure):
                 ("share", ctypes.c_int64), ("seen", ctypes.c_uint64 * 16), ("calls", ctypes.c_int64), ("audited", ctypes.c_int64),
                 ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("batch", ctypes.c_int64),
                 ("row", ctypes.c_int64), ("b", ctypes.c_int64), ("got", ctypes.c_float), ("want", ctypes.c_float),
-                ("bound", ctypes.c_float)]
+                ("bound", ctypes.c_float), ("why", ctypes.c_int32)]
 
     def mismatch(self) -> str:
-        """The first mismatch the audit found, in words ('' if none)."""
+        """The first failure the audit found, in words ('' if none)."""
         if not self.bad:
             return ""
+        if self.why == 2:
+            return f"n={self.n} k={self.k} batch={self.batch}: the call changed its inputs (the activations)"
+        if self.why == 3:
+            return f"n={self.n} k={self.k} batch={self.batch}: the call wrote past its outputs"
         return (f"n={self.n} k={self.k} batch={self.batch}: output [{self.b}, {self.row}] was {self.got:.6g}, "
                 f"the decoder's own loop gives {self.want:.6g} (allowed {self.atol:g} + {self.rtol:g} * |that| + "
                 f"{self.bound:.3g} for the size of its terms)")
