@@ -38,6 +38,12 @@ log = logging.getLogger("swarmfactory.engine")
 FOUND_BY = "engine-audit"
 
 
+def caught(kernel_audit: dict) -> str | None:
+    """The first finding in an engine's ``kernel_audit()`` (as ``/health`` carries it), or None."""
+    seams = [*(kernel_audit.get("native_kernels") or {}).values(), kernel_audit.get("native_matvec") or {}]
+    return next((s["dropped"] for s in seams if s.get("dropped")), None)
+
+
 def report(problem_name: str, candidate_id: str | None, shape: dict, detail: str) -> str:
     """Record a kernel's wrong output seen while serving (see the module docstring); returns
     what was done, for the log. ``candidate_id`` None (a user's ``so:`` file): log only."""

@@ -78,7 +78,12 @@ AUDIT_SHARE = 1 / 16
 AUDIT_SCALE = 1e-5  # of sum |x||w| per output, on top of the load check's tolerance (as decode.c's audit)
 _GUARD = 64  # floats of sentinel on each side of the output
 _SENTINEL = 1234.5
-UNCHECKED_ENV = "SWARMFACTORY_TEST_UNCHECKED_KERNELS"  # tests only: see the module docstring
+UNCHECKED_ENV = "SWARMFACTORY_TEST_UNCHECKED_KERNELS"
+
+
+def _guards_intact(buf: torch.Tensor) -> bool:
+    """The _GUARD floats each side of an output placed in ``buf`` still hold the sentinel."""
+    return bool((buf[:_GUARD] == _SENTINEL).all()) and bool((buf[-_GUARD:] == _SENTINEL).all())  # tests only: see the module docstring
 
 log = logging.getLogger("swarmfactory.engine")
 
@@ -172,7 +177,7 @@ class NativeLinear(LinearKernel):
         n, k, m = self.out_features, self.in_features, xf.shape[0]
         if not torch.equal(xf, x_before):
             return self._drop(m, "the call changed its inputs (the activations)")
-        if not (bool((buf[:_GUARD] == _SENTINEL).all()) and bool((buf[-_GUARD:] == _SENTINEL).all())):
+        if not _guards_intact(buf):
             return self._drop(m, "the call wrote outside its outputs")
         rows = torch.tensor(sorted(st["rng"].sample(range(n), min(AUDIT_ROWS, n))))
         blocks = self.wq.view(n, k // 32, 20)[rows]  # GGUF Q4_1: fp16 d, fp16 m, 16 bytes of nibbles
@@ -227,7 +232,7 @@ class NativeLinear(LinearKernel):
             y.fill_(float("nan"))  # outputs never written stay NaN and fail
             self._fn(self._wq_ptr, x.data_ptr(), y.data_ptr(), n, k, m)
             where = f"{weight.name} [{n} x {k}], {m} row(s) of random activations"
-            if not (bool((buf[:_GUARD] == _SENTINEL).all()) and bool((buf[-_GUARD:] == _SENTINEL).all())):
+            if not _guards_intact(buf):
                 raise KernelError(f"kernel {self.name!r} failed its check on {where}: it wrote outside its output")
             if not torch.equal(x, x_before) or not torch.equal(self.wq, wq_before):
                 raise KernelError(f"kernel {self.name!r} failed its check on {where}: it modified its inputs")

@@ -5,8 +5,9 @@ proposes, keys and evaluates designs; ``drive`` owns dedupe, budget and deadline
 propose designs (design.py), duplicates are dropped by content hash, each new design is built,
 verified end to end (verify.py) and only then measured over HTTP the way users measure a
 server (bench/serving.py: closed-loop streaming clients at each requested concurrency, for each
-workload, the same seeded prompts for every design). Every design gets a verdict in the evidence store: ``wrong`` (with the prompt and
-token where it diverged), ``crashed``, ``timed_out``, ``not_faster`` or ``faster``.
+workload, the same seeded prompts for every design). Every design gets a verdict in the
+evidence store: ``wrong`` (with the prompt and token where it diverged), ``crashed``,
+``timed_out``, ``not_faster`` or ``faster``.
 
 Fitness is the user's target: the geometric mean of output tok/s over every (workload,
 concurrency) pair, with an optional TTFT p99 ceiling a design must respect at every pair. The
@@ -282,9 +283,9 @@ class DesignServer:
         (``/health`` ``kernel_audit``), or None."""
         import httpx
 
-        audit = httpx.get(self.url + "/health", timeout=10).json().get("kernel_audit") or {}
-        seams = [*(audit.get("native_kernels") or {}).values(), audit.get("native_matvec") or {}]
-        return next((s["dropped"] for s in seams if s.get("dropped")), None)
+        from swarmfactory.engine.audit import caught
+
+        return caught(httpx.get(self.url + "/health", timeout=10).json().get("kernel_audit") or {})
 
     def measure(self, cfg: TuneConfig, on_level=None, deadline: float | None = None, screen: bool = False,
                 caps: dict | None = None) -> dict:

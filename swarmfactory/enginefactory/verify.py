@@ -173,10 +173,10 @@ def verify(engine, ref: dict) -> Check:
     """Run every check of the module docstring on a loaded engine; the first failure wins, except
     that a kernel the engine's audit caught is the verdict whatever else failed (the outputs
     compared came partly from its replacement)."""
+    from swarmfactory.engine.audit import caught as audit_caught
+
     check = _checks(engine, ref)
-    audit = engine.kernel_audit()
-    caught = next((s["dropped"] for s in [*audit["native_kernels"].values(), audit["native_matvec"] or {}]
-                   if s.get("dropped")), None)
+    caught = audit_caught(engine.kernel_audit())
     if caught:
         return Check(False, f"a kernel of the design failed the engine's audit: {caught}",
                      {**check.evidence, "check": "kernel audit", "other_checks": check.detail})

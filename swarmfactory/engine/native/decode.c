@@ -486,7 +486,7 @@ static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy,
     const int64_t groups = (W->rows + ROWS - 1) / ROWS;
     const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
     if (g0 < g1) {
-        if (e && e->fn && W->type == SF_Q4_1)
+        if (e && e->fn && W->type == SF_Q4_1 && !__atomic_load_n(&e->bad, __ATOMIC_RELAXED))
             matmul_external(e, W, a, B, g0, g1, y, ldy, accumulate, scratch + t * scratch_len, scratch_len);
         else
             matmul_groups(W, a, B, g0, g1, y, ldy, accumulate);
