@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import resource
-import secrets
 import shutil
 import signal
 import struct
@@ -31,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmfactory.harness import tracer
 from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.drivertools import driver_path, syscall_names
 from swarmfactory.harness.isolation import Containment, seccomp_state
@@ -39,13 +39,14 @@ from swarmfactory.harness.outcome import Outcome, Rejected
 CMD = struct.Struct("<IIIIQQII24x")
 REPLY = struct.Struct("<IIIIQQ")
 MAGIC_CMD, MAGIC_REPLY = 0x53464344, 0x53465250
-OP_CALL, OP_BATCH, OP_EXIT = 1, 2, 3
+OP_CALL, OP_BATCH, OP_EXIT, OP_FP = 1, 2, 3, 4
 ST_OK, ST_BAD_COMMAND, ST_LOAD_FAILED, ST_NO_SYMBOL, ST_READY, ST_BAD_SLOT = range(6)
 EXIT_FORBIDDEN = 159
 UNBOUNDED = (1 << 64) - 1
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL")
+M_MUTATE = 1
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -121,14 +122,18 @@ class CandidateProcess:
 
     def __init__(self, library: str, symbol: str, arena: Arena, cpus: list[int], threads: int,
                  mem_gb: float = 8.0, cpu_seconds: int = 600, seccomp: bool = True,
-                 contain: bool = True, passive_wait: bool = False, load_timeout: float = 30.0):
-        """``passive_wait``: idle OpenMP threads sleep rather than spin (verification, which may
-        run more threads than CPUs; timing keeps the default a user has)."""
+                 contain: bool = True, load_timeout: float = 30.0, trace: bool = True):
+        """The environment is the same whatever the stage (verification or timing) and names
+        nothing of the harness: the variables a user's process has (PATH, LANG), a private
+        temporary directory as HOME and TMPDIR, and the OpenMP thread count. ``trace``: the
+        trusted side reads every thread's floating-point control state and the installed
+        filters itself (ptrace) where this machine allows it."""
         self.arena, self.symbol = arena, symbol
-        self.tmpdir = tempfile.mkdtemp(prefix="sf-cand-")
+        self.tmpdir = tempfile.mkdtemp()
         self.log_path = os.path.join(self.tmpdir, "driver.log")
-        self.token = secrets.token_hex(12)
-        self.containment = Containment(self.token, use_cgroup=contain)
+        self.containment = Containment(self.tmpdir, use_cgroup=contain)
+        self.trace = trace and tracer.available()[0]
+        self.fp_threads: dict[int, int] = {}
         self.status: int | None = None  # wait status once it died
         self.stage = "load"
         cmd_r, self.cmd_w = os.pipe()
@@ -136,9 +141,7 @@ class CandidateProcess:
         os.set_blocking(self.reply_r, False)
         env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
         env.update(HOME=self.tmpdir, TMPDIR=self.tmpdir, OMP_NUM_THREADS=str(threads),
-                   OMP_THREAD_LIMIT=str(threads), SWARMFACTORY_SANDBOX=self.token)
-        if passive_wait:
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
+                   OMP_THREAD_LIMIT=str(threads))
         argv = [driver_path(), str(cmd_r), str(reply_w), str(arena.fd), str(arena.size), str(threads),
                 "1" if seccomp else "0", os.path.abspath(library), symbol]
         with open(self.log_path, "wb") as log:
@@ -178,7 +181,14 @@ class CandidateProcess:
                           "clock": "time-stamp counter faults" if ready.seccomp & 8 else "readable"}
         if seccomp and not self.isolation["seccomp"]:
             self.isolation["seccomp_error"] = self.log_tail()
-        # 2. load the library (its constructors run under the load filter), then the serve filter
+        self.fp_state = ready.fp_before
+        self.image = (ready.calls >> 32, ready.calls & 0xFFFFFFFF)
+        if self.trace:  # every thread's state before the library loads: the baseline
+            self.fp_threads = tracer.fp_states(self.pid)
+        self.isolation["fp_state"] = (f"read by the trusted side on {len(self.fp_threads)} threads"
+                                      if self.trace else "reported by the driver (ptrace unavailable)")
+        # 2. load the library (no code of it may run: the build refuses load-time code), then
+        # the serve filter
         os.kill(self.pid, signal.SIGCONT)
         self._wait(load_timeout, "load")
         loaded = self._take_reply("load")
@@ -191,8 +201,31 @@ class CandidateProcess:
         if seccomp:
             mode, filters = seccomp_state(self.pid)
             self.isolation["seccomp"] = mode == 2 and filters >= 2
-        self.fp_state = loaded.fp_before
+            self._check_filters()
+        self._check_fp(loaded, "load")
         self.threads = self.containment.threads(self.pid)
+
+    def _check_filters(self) -> None:
+        """The filters the kernel holds for every thread must be exactly the driver's two
+        programs, rebuilt here by a trusted run of the driver: a library that replaced one, or
+        kept the serve filter from being installed, is `cheated` whatever the count says."""
+        if not tracer.available()[1]:
+            self.isolation["filters"] = "counted (the installed programs cannot be read here)"
+            return
+        expected = expected_filters(self.pid, *self.image)
+        try:
+            found = tracer.filters(self.pid)
+        except tracer.TraceError as exc:
+            self.isolation["filters"] = f"counted (reading them failed: {exc.strerror})"
+            return
+        for tid, progs in found.items():
+            if progs != [expected[0], expected[1]]:  # oldest first
+                self.kill()
+                what = "no filter" if not progs else f"{len(progs)} filter(s) differing from the driver's"
+                raise Rejected(Outcome.CHEATED, f"thread {tid} of the candidate's process holds {what} "
+                               "after the library loaded (its system-call filter was replaced or never "
+                               "installed)", "load", syscall="seccomp")
+        self.isolation["filters"] = f"read back: both programs on {len(found)} threads"
 
     # -- protocol ---------------------------------------------------------------------------------
     def _send(self, op, first, n, iters, seed, mutate, magic=MAGIC_CMD) -> None:
@@ -242,7 +275,7 @@ class CandidateProcess:
                            f"{stage} (magic {magic:#x}, status {status})", stage)
         return Reply(status, fp_before, fp_after, calls, seccomp)
 
-    def _exchange(self, op, first, n, iters, seed, mutate, timeout, stage) -> tuple[Reply, int]:
+    def _exchange(self, op, first, n, iters, seed, mutate, timeout, stage, deep: bool = True) -> tuple[Reply, int]:
         self.stage = stage
         self._send(op, first, n, iters, seed, mutate)
         t0 = time.perf_counter_ns()
@@ -254,25 +287,60 @@ class CandidateProcess:
             self.kill()
             raise Rejected(Outcome.CRASHED, f"the driver refused a command during {stage} (status "
                            f"{reply.status}: the candidate corrupted its memory?)", stage)
-        self._check_fp(reply, stage)
+        self._check_fp(reply, stage, deep)
         return reply, elapsed
 
-    def _check_fp(self, reply: Reply, stage: str) -> None:
+    def _check_fp(self, reply: Reply, stage: str, deep: bool = True) -> None:
+        """Every thread's control state must be what it was before the library loaded: as the
+        driver reports it for the calling thread after every call, and (``deep``) read on every
+        thread (see ``check_threads``)."""
         if reply.fp_after != reply.fp_before:
-            self.kill()
-            raise Rejected(Outcome.CHEATED, f"the kernel changed the floating-point control state "
-                           f"({_fp_text(reply.fp_before)} -> {_fp_text(reply.fp_after)}) and left it "
-                           "changed: a kernel must leave its caller's rounding and denormal modes as "
-                           "it found them", stage)
+            self._fp_changed(reply.fp_before, reply.fp_after, "", stage)
+        if deep:
+            self.check_threads(stage)
+
+    def check_threads(self, stage: str) -> None:
+        """Every thread's control state against its state before the library loaded: read by the
+        trusted side itself (ptrace) where it can, else as the driver reports it for every thread
+        of its pool, in a command of its own (a parallel region inside a timed command would cost
+        the candidate a wake-up). The process must be stopped between commands."""
+        if self.trace:
+            try:
+                now = tracer.fp_states(self.pid)
+            except tracer.TraceError:
+                now = None  # attaching failed this time: the driver's own report instead
+            for tid, state in (now or {}).items():
+                base = self.fp_threads.get(tid, self.fp_state)
+                if state != base:
+                    who = f"{tid} (the main thread)" if tid == self.pid else f"{tid} (an OpenMP worker)"
+                    self._fp_changed(base, state, f" on thread {who}", stage)
+            if now is not None:
+                return
+        if stage != "load":
+            self._send(OP_FP, 0, 1, 0, 0, 0)
+            os.kill(self.pid, signal.SIGCONT)
+            self._wait(30.0, stage)
+            pool = self._take_reply(stage)
+            if pool.fp_after != pool.fp_before:
+                self._fp_changed(pool.fp_before, pool.fp_after, " on an OpenMP thread", stage)
+
+    def _fp_changed(self, before: int, after: int, where: str, stage: str) -> None:
+        self.kill()
+        raise Rejected(Outcome.CHEATED, f"the kernel changed the floating-point control state{where} "
+                       f"({_fp_text(before)} -> {_fp_text(after)}) and left it "
+                       "changed: a kernel must leave its caller's rounding and denormal modes as "
+                       "it found them, on every thread it uses", stage)
 
     # -- requests ---------------------------------------------------------------------------------
-    def call(self, slot: int, timeout: float, stage: str) -> Reply:
-        return self._exchange(OP_CALL, slot, 1, 1, 0, 0, timeout, stage)[0]
+    def call(self, slot: int, timeout: float, stage: str, deep: bool = True) -> Reply:
+        """One call; ``deep``: every thread's floating-point state read afterwards (else the
+        calling thread's only, as the driver reports it)."""
+        return self._exchange(OP_CALL, slot, 1, 1, 0, 0, timeout, stage, deep)[0]
 
     def batch(self, first: int, n: int, iters: int, seed: int, timeout: float, stage: str) -> int:
         """``iters`` calls rotating over slots first..first+n-1, inputs mutated before each; the
         trusted side's nanoseconds for all of it."""
-        reply, elapsed = self._exchange(OP_BATCH, first, n, iters, seed, 1, timeout, stage)
+        reply, elapsed = self._exchange(OP_BATCH, first, n, iters, seed, M_MUTATE, timeout, stage)
         if reply.calls != iters:
             self.kill()
             raise Rejected(Outcome.CRASHED, f"the driver made {reply.calls} calls of {iters}", stage)
@@ -290,7 +358,7 @@ class CandidateProcess:
         The process is left stopped mid-loop: check what it produced, then ``halt``."""
         self.stage = stage
         self.arena.reset_header()
-        self._send(OP_BATCH, first, n, UNBOUNDED, seed, 1)
+        self._send(OP_BATCH, first, n, UNBOUNDED, seed, M_MUTATE)
         total, give_up = 0, time.monotonic() + timeout
         while True:
             t0 = time.perf_counter_ns()
@@ -480,6 +548,15 @@ def _fp_text(v: int) -> str:
             modes.append("x87 rounding changed")
         return f"MXCSR {mxcsr:#06x}, x87 control {cw:#06x}" + (f" ({', '.join(modes)})" if modes else "")
     return f"FPCR {v:#x}"
+
+
+def expected_filters(pid: int, lo_hi: int, hi_hi: int) -> tuple[bytes, bytes]:
+    """(load program, serve program) of a driver with this pid and image range, as a trusted run
+    of the driver builds them (no candidate code in that process)."""
+    out = subprocess.run([driver_path(), "--filters", str(pid), str(lo_hi), str(hi_hi)],
+                         capture_output=True, timeout=30, check=True).stdout
+    n_load, n_serve = struct.unpack_from("<II", out)
+    return out[8:8 + 8 * n_load], out[8 + 8 * n_load:8 + 8 * (n_load + n_serve)]
 
 
 def _comm(pid: int) -> str:

@@ -76,16 +76,17 @@ static void fp_restore(uint32_t v) { uint64_t w = v; __asm__ volatile("msr fpcr,
 #define MAX_SLOTS 256
 #define TABLE_OFFSET 4096
 
-enum { OP_CALL = 1, OP_BATCH = 2, OP_EXIT = 3 };
+enum { OP_CALL = 1, OP_BATCH = 2, OP_EXIT = 3, OP_FP = 4 };
 enum { ST_OK = 0, ST_BAD_COMMAND = 1, ST_LOAD_FAILED = 2, ST_NO_SYMBOL = 3, ST_READY = 4,
        ST_BAD_SLOT = 5 };
-enum { K_IN = 1, K_OUT = 2, K_INT = 3, K_FLOAT = 4 };
+enum { K_IN = 1, K_OUT = 2, K_INT = 3, K_FLOAT = 4, K_IN_FULL = 5 };
+enum { M_MUTATE = 1 };  /* command.mutate bits */
 
 struct cmd { uint32_t magic, op, slot_first, nslots; uint64_t iters, seed; uint32_t mutate, pad;
              uint64_t reserved[3]; };
 struct reply { uint32_t magic, status, fp_before, fp_after; uint64_t calls, seccomp; };
 struct arg { uint32_t kind, unit; uint64_t off, count, donor_off, donor_count; int64_t ival;
-             double fval; };
+             double fval; };  /* an input's ival: the rows its per-call mutation touches */
 struct slot { uint32_t nargs, pad; struct arg args[MAX_ARGS]; };
 
 _Static_assert(sizeof(struct cmd) == 64, "command size");
@@ -99,8 +100,18 @@ typedef void (*kernel_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, 
 #define CMD_FD 3
 #define REPLY_FD 4
 #define ARENA_FD 5
-static unsigned char *arena;
-static uint64_t arena_bytes;
+/* The driver's own state, alone on a page that is made read-only before the library loads (and
+   the filters forbid any memory call on the driver's image): a candidate cannot redirect it. */
+static struct {
+    unsigned char *arena;
+    uint64_t arena_bytes;
+    uint32_t fp0;        /* the floating-point control state before any candidate code ran */
+    int threads;
+    unsigned char pad[4096 - 24];
+} G __attribute__((aligned(4096)));
+#define arena G.arena
+#define arena_bytes G.arena_bytes
+extern char __executable_start[], _end[];
 
 /* ---- seccomp ------------------------------------------------------------------------------- */
 struct prog { struct sock_filter f[256]; int n; };
@@ -145,6 +156,35 @@ static void allow_arg_in(struct prog *p, long nr, int i, const uint64_t *values,
     emit(p, (struct sock_filter)RET(SECCOMP_RET_ALLOW));
 }
 
+/* The driver's image as whole 4 GiB units, from 1 TiB below it: no call may map, unmap, protect,
+   remap or advise memory there (its read-only GOT and state page stay so; nothing else of the
+   process lives below the executable). Only the high 32 bits of an address are compared. */
+static uint32_t image_lo_hi32(void) {
+    uint64_t lo = (uint64_t)(uintptr_t)__executable_start;
+    uint64_t below = lo > (1ull << 40) ? lo - (1ull << 40) : 0;
+    return (uint32_t)(below >> 32);
+}
+static uint32_t image_hi_hi32(void) { return (uint32_t)((((uint64_t)(uintptr_t)_end) >> 32) + 1); }
+
+/* nr traps when args[i] lies in the driver's image range (see above); else falls through */
+static void deny_in_image(struct prog *p, long nr, int i, uint32_t lo_hi, uint32_t hi_hi) {
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 4));
+    emit(p, (struct sock_filter)ARG_HI(i));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo_hi, 0, 2));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi_hi, 1, 0));
+    emit(p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
+    emit(p, (struct sock_filter)LD_NR());
+}
+
+static void protect_image(struct prog *p, uint32_t lo_hi, uint32_t hi_hi) {
+    deny_in_image(p, SYS_mmap, 0, lo_hi, hi_hi);
+    deny_in_image(p, SYS_mprotect, 0, lo_hi, hi_hi);
+    deny_in_image(p, SYS_munmap, 0, lo_hi, hi_hi);
+    deny_in_image(p, SYS_mremap, 0, lo_hi, hi_hi);
+    deny_in_image(p, SYS_mremap, 4, lo_hi, hi_hi);
+    deny_in_image(p, SYS_madvise, 0, lo_hi, hi_hi);
+}
+
 static void prologue(struct prog *p) {
     emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
     emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SF_AUDIT_ARCH, 1, 0));
@@ -176,10 +216,11 @@ static int install(struct prog *p) {
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fp);
 }
 
-static int lock_for_load(void) {
+static void load_program(struct prog *pp, pid_t self, uint32_t lo_hi, uint32_t hi_hi) {
     struct prog p = { .n = 0 };
     prologue(&p);
-    common(&p, getpid());
+    protect_image(&p, lo_hi, hi_hi);
+    common(&p, self);
     allow(&p, SYS_read); allow(&p, SYS_pread64); allow(&p, SYS_close); allow(&p, SYS_fstat);
     allow(&p, SYS_newfstatat); allow(&p, SYS_lseek); allow(&p, SYS_mmap); allow(&p, SYS_mprotect);
     allow(&p, SYS_seccomp);  /* only ever adds restrictions: the serve filter goes on top */
@@ -195,13 +236,14 @@ static int lock_for_load(void) {
     allow_arg_masked(&p, SYS_open, 1, wflags);
 #endif
     emit(&p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
-    return install(&p);
+    *pp = p;
 }
 
-static int lock_for_serve(void) {
+static void serve_program(struct prog *pp, pid_t self, uint32_t lo_hi, uint32_t hi_hi) {
     struct prog p = { .n = 0 };
     prologue(&p);
-    common(&p, getpid());
+    protect_image(&p, lo_hi, hi_hi);
+    common(&p, self);
     uint64_t readers[1] = { CMD_FD };
     allow_arg_in(&p, SYS_read, 0, readers, 1);
     uint64_t writers[2] = { 2, REPLY_FD };
@@ -209,7 +251,33 @@ static int lock_for_serve(void) {
     allow_arg_masked(&p, SYS_mmap, 2, PROT_EXEC);    /* memory, never code */
     allow_arg_masked(&p, SYS_mprotect, 2, PROT_EXEC);
     emit(&p, (struct sock_filter)RET(SECCOMP_RET_TRAP));
+    *pp = p;
+}
+
+static int lock_for_load(void) {
+    struct prog p;
+    load_program(&p, getpid(), image_lo_hi32(), image_hi_hi32());
     return install(&p);
+}
+
+static int lock_for_serve(void) {
+    struct prog p;
+    serve_program(&p, getpid(), image_lo_hi32(), image_hi_hi32());
+    return install(&p);
+}
+
+/* `sf-driver --filters PID LO_HI HI_HI`: the two programs a driver with that pid and image range
+   installs, written to stdout (counts, then the instructions) for the trusted side to compare
+   with what the kernel reports installed. Runs no candidate code. */
+static int dump_filters(pid_t pid, uint32_t lo_hi, uint32_t hi_hi) {
+    struct prog load, serve;
+    load_program(&load, pid, lo_hi, hi_hi);
+    serve_program(&serve, pid, lo_hi, hi_hi);
+    uint32_t counts[2] = { (uint32_t)load.n, (uint32_t)serve.n };
+    if (fwrite(counts, sizeof counts, 1, stdout) != 1) return 1;
+    if (fwrite(load.f, sizeof load.f[0], (size_t)load.n, stdout) != (size_t)load.n) return 1;
+    if (fwrite(serve.f, sizeof serve.f[0], (size_t)serve.n, stdout) != (size_t)serve.n) return 1;
+    return fflush(stdout) != 0;
 }
 
 static void put_str(const char *s) { ssize_t r = write(2, s, strlen(s)); (void)r; }
@@ -342,10 +410,13 @@ static int prepare_slot(uint32_t s, struct ready *r) {
     if (sl->nargs > MAX_ARGS) return -1;
     for (uint32_t a = 0; a < sl->nargs; a++) {
         struct arg *g = &sl->args[a];
-        if (g->kind == K_IN || g->kind == K_OUT) {
+        if (g->kind == K_IN || g->kind == K_OUT || g->kind == K_IN_FULL) {
             if (g->off >= arena_bytes || ni >= 16) return -1;
             r->iv[ni++] = (int64_t)(uintptr_t)(arena + g->off);
-            if (g->kind == K_IN && g->count && g->donor_count && g->unit) r->in[r->nin++] = g;
+            if (g->kind == K_IN && g->ival > 1 && (g->ival > (int64_t)g->count || g->count % (uint64_t)g->ival))
+                return -1;
+            if ((g->kind == K_IN || g->kind == K_IN_FULL) && g->count && g->donor_count && g->unit)
+                r->in[r->nin++] = g;
         } else if (g->kind == K_INT) {
             if (ni >= 16) return -1;
             r->iv[ni++] = g->ival;
@@ -366,15 +437,49 @@ static inline void call(kernel_fn fn, const struct ready *r) {
        i[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
 }
 
-/* replace one unit of every input with a donor unit; the trusted side replays the same sequence */
+/* Before every timed call: an input of kind K_IN has one unit replaced by a donor unit in each
+   of its `ival` rows (equal runs of units: every row of a matrix changes, so no row's result can
+   be kept); one of kind K_IN_FULL (an input small enough to be diffed for little) is rewritten
+   whole, from the donor rotated by a random number of units. The trusted side replays it all. */
 static inline void mutate(const struct ready *r, uint64_t seed, uint64_t call_index) {
     for (int a = 0; a < r->nin; a++) {
         const struct arg *g = r->in[a];
         uint64_t z = splitmix(seed, call_index * 64 + (uint64_t)a);
-        uint64_t dst = ((z & 0xffffffffull) * g->count) >> 32;
-        uint64_t src = ((z >> 32) * g->donor_count) >> 32;
-        memcpy(arena + g->off + dst * g->unit, arena + g->donor_off + src * g->unit, g->unit);
+        if (g->kind == K_IN_FULL) {
+            uint64_t rot = ((z >> 32) * g->donor_count) >> 32, n = g->count;
+            uint64_t first = g->donor_count - rot < n ? g->donor_count - rot : n;
+            memcpy(arena + g->off, arena + g->donor_off + rot * g->unit, first * g->unit);
+            if (first < n)
+                memcpy(arena + g->off + first * g->unit, arena + g->donor_off, (n - first) * g->unit);
+            continue;
+        }
+        uint64_t rows = g->ival > 1 ? (uint64_t)g->ival : 1, per = g->count / rows;
+        for (uint64_t row = 0; row < rows; row++) {
+            uint64_t zr = row ? splitmix(z, row) : z;
+            uint64_t dst = row * per + (((zr & 0xffffffffull) * per) >> 32);
+            uint64_t src = ((zr >> 32) * g->donor_count) >> 32;
+            memcpy(arena + g->off + dst * g->unit, arena + g->donor_off + src * g->unit, g->unit);
+        }
     }
+}
+
+/* Every thread of the pool must hold the control state it had before the library loaded: a
+   kernel that changes it on a worker thread (or leaves it changed on this one) is caught here
+   (and by the trusted side, which reads every thread's state while the process is stopped). */
+static uint32_t pool_fp_state(void) {
+    uint32_t found = fp_state();
+    if (found != G.fp0) { fp_restore(G.fp0); return found; }
+    if (G.threads < 2) return G.fp0;
+    #pragma omp parallel num_threads(G.threads)
+    {
+        uint32_t mine = fp_state();
+        if (mine != G.fp0) {
+            fp_restore(G.fp0);
+            #pragma omp critical
+            found = mine;
+        }
+    }
+    return found;
 }
 
 /* the inherited descriptors, moved to their fixed numbers whatever they arrived as */
@@ -394,6 +499,9 @@ static int fix_fds(int cmd, int reply, int arena_fd) {
 enum { F_SECCOMP_LOAD = 1, F_SECCOMP_SERVE = 2, F_LANDLOCK = 4, F_NO_CLOCK = 8 };
 
 int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--filters") == 0)
+        return dump_filters((pid_t)atoi(argv[2]), (uint32_t)strtoul(argv[3], NULL, 10),
+                            (uint32_t)strtoul(argv[4], NULL, 10));
     if (argc != 9) { put_str("usage: sf-driver CMD REPLY ARENA BYTES THREADS SECCOMP LIB SYMBOL\n"); return 2; }
     if (fix_fds(atoi(argv[1]), atoi(argv[2]), atoi(argv[3])) != 0) { put_str("sf-driver: bad descriptors\n"); return 2; }
     arena_bytes = strtoull(argv[4], NULL, 10);
@@ -426,13 +534,19 @@ int main(int argc, char **argv) {
     omp_set_num_threads(threads);
     #pragma omp parallel
     { volatile int t = omp_get_thread_num(); (void)t; }
+    G.threads = threads;
+    G.fp0 = fp_state();
+    (void)pool_fp_state();  /* every pool thread starts from the same state */
+    if (want_seccomp && mprotect(&G, sizeof G, PROT_READ) != 0) put_str("sf-driver: state page stays writable\n");
 
     if (want_seccomp) {
         if (lock_for_load() != 0) { put_str("sf-driver: seccomp unavailable\n"); }
         else flags |= F_SECCOMP_LOAD;
     }
     uint64_t seccomp = flags;
-    send_reply(ST_READY, fp_state(), fp_state(), 0, seccomp);  /* before any candidate code */
+    /* before any candidate code: the image range the filters protect rides in `calls`, so the
+       trusted side can rebuild the exact programs it must find installed */
+    send_reply(ST_READY, G.fp0, G.fp0, ((uint64_t)image_lo_hi32() << 32) | image_hi_hi32(), seccomp);
 
     void *lib = dlopen(argv[7], RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -446,21 +560,27 @@ int main(int argc, char **argv) {
         if (lock_for_serve() != 0) { put_str("sf-driver: seccomp (serve) failed\n"); return 5; }
         seccomp |= F_SECCOMP_SERVE;
     }
-    uint32_t fp0 = fp_state();
-    send_reply(ST_OK, fp0, fp0, 0, seccomp);
+    /* the library's loading must have left every thread's control state as it was */
+    uint32_t loaded_fp = pool_fp_state();
+    send_reply(ST_OK, G.fp0, loaded_fp, 0, seccomp);
 
     struct cmd c;
     struct ready rs[MAX_SLOTS];
     while (read_cmd(&c) == 0) {
         if (c.magic != MAGIC_CMD) { send_reply(ST_BAD_COMMAND, 0, 0, 0, seccomp); continue; }
         if (c.op == OP_EXIT) _exit(0);
+        if (c.op == OP_FP) {  /* every pool thread's control state, on its own (never timed) */
+            uint32_t found = pool_fp_state();
+            send_reply(ST_OK, G.fp0, found, 0, seccomp);
+            continue;
+        }
         if (c.op != OP_CALL && c.op != OP_BATCH) { send_reply(ST_BAD_COMMAND, 0, 0, 0, seccomp); continue; }
         uint32_t n = c.op == OP_CALL ? 1 : c.nslots;
         if (n == 0 || n > MAX_SLOTS || c.slot_first + n > MAX_SLOTS) { send_reply(ST_BAD_SLOT, 0, 0, 0, seccomp); continue; }
         int bad = 0;
         for (uint32_t k = 0; k < n && !bad; k++) bad = prepare_slot(c.slot_first + k, &rs[k]) != 0;
         if (bad) { send_reply(ST_BAD_SLOT, 0, 0, 0, seccomp); continue; }
-        uint32_t before = fp_state(), after = before;
+        uint32_t before = G.fp0, after = before;
         uint64_t iters = c.op == OP_CALL ? 1 : c.iters, done = 0;
         /* UNBOUNDED: run until the trusted side stops this process at a moment of its choosing;
            the counter lets it check (against the replayed mutations) how many calls were made */
@@ -470,12 +590,13 @@ int main(int argc, char **argv) {
         for (uint64_t i = 0; i < iters; i++) {
             if (unbounded && *halt) break;
             const struct ready *r = &rs[i % n];
-            if (c.mutate) mutate(r, c.seed, i);
+            if (c.mutate & M_MUTATE) mutate(r, c.seed, i);
             call(fn, r);
             done++;
             if (unbounded) *counter = done;
             uint32_t now = fp_state();
-            if (now != before) { after = now; fp_restore(before); }
+            if (now != before && after == before) after = now;
+            if (now != before) fp_restore(before);
         }
         send_reply(ST_OK, before, after, done, seccomp);
     }

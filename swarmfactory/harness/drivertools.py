@@ -46,6 +46,9 @@ open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr""".split()
 
 
 _BUILD_LOCK = threading.Lock()
+# position independent, bound at once and with its GOT read-only from the start (full RELRO):
+# nothing of the driver that decides what runs is writable when the candidate's library loads
+DRIVER_FLAGS = ("-O2", "-fopenmp", "-fPIE", "-pie", "-Wl,-z,relro", "-Wl,-z,now", "-Wl,-z,noexecstack")
 
 
 def _cache_dir() -> Path:
@@ -65,14 +68,14 @@ def _driver_key_parts() -> tuple[str, str, str]:
 def driver_path() -> str:
     """The driver, compiled once per compiler and source (portable flags: it runs no SIMD)."""
     src, cc_path, cc_version = _driver_key_parts()
-    key = hashlib.sha256((src + cc_version).encode()).hexdigest()[:16]
+    key = hashlib.sha256((src + cc_version + " ".join(DRIVER_FLAGS)).encode()).hexdigest()[:16]
     out = _cache_dir() / f"sf-driver-{key}"
     if out.exists():  # checked every time: a cleared build cache must not leave a stale path
         return str(out)
     with _BUILD_LOCK:
         if not out.exists():
             tmp = out.with_suffix(f".tmp{os.getpid()}")
-            proc = subprocess.run([cc_path, "-O2", "-fopenmp", "-o", str(tmp), str(DRIVER_SOURCE),
+            proc = subprocess.run([cc_path, *DRIVER_FLAGS, "-o", str(tmp), str(DRIVER_SOURCE),
                                    "-Wl,--no-as-needed", "-lm", "-ldl"],
                                   capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:

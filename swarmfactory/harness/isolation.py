@@ -7,8 +7,10 @@ kills it, by the strongest means this machine offers:
 * ``cgroup``: a cgroup v2 of its own per candidate process (where the hierarchy is writable: as
   root, or under a delegated subtree). Every descendant stays in it whatever it does with process
   groups and sessions; ``cgroup.kill`` ends them all at once.
-* ``token``: otherwise, every process whose environment carries the evaluation's random token
-  (inherited through fork, double fork and setsid alike) is found in /proc and killed.
+* ``token``: otherwise, every process whose environment carries the evaluation's private
+  temporary directory (``TMPDIR``, a random path inherited through fork, double fork and setsid
+  alike, and a variable every process may have: it names nothing of the harness) is found in
+  /proc and killed.
 * the process group of the driver is always killed as well.
 """
 
@@ -56,6 +58,7 @@ class Containment:
     """Tracks one candidate process and everything it may have started."""
 
     def __init__(self, token: str, use_cgroup: bool = True):
+        """``token``: the candidate process's private TMPDIR (unique to this evaluation)."""
         self.token = token
         self.cgroup: Path | None = None
         root = cgroup_root() if use_cgroup else None
@@ -96,7 +99,7 @@ class Containment:
             except OSError:
                 return []
         found = []
-        needle = f"SWARMFACTORY_SANDBOX={self.token}".encode()
+        needle = f"TMPDIR={self.token}".encode()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue

@@ -44,8 +44,9 @@ def source(kernel: str) -> str:
 
 @pytest.fixture(scope="module")
 def filterless():
-    """The allow-list and containment as shipped; no text, preprocessor or assembly filter."""
-    h = Harness(HarnessConfig(static_checks=False, **BASE))
+    """The allow-list and containment as shipped; no text, preprocessor or assembly filter, and
+    the built library's load-time code not refused (test_sandbox_v3.py proves that check)."""
+    h = Harness(HarnessConfig(static_checks=False, load_checks=False, **BASE))
     yield h
     h.close()
 
@@ -53,7 +54,7 @@ def filterless():
 @pytest.fixture(scope="module")
 def unsandboxed():
     """Neither filter nor allow-list: only containment stands."""
-    h = Harness(HarnessConfig(static_checks=False, seccomp=False, **BASE))
+    h = Harness(HarnessConfig(static_checks=False, load_checks=False, seccomp=False, **BASE))
     yield h
     h.close()
 
@@ -258,7 +259,8 @@ LEAK = '''
 import json, sys
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.problems import load_problem
-h = Harness(HarnessConfig(rounds=8, compile_baselines=False, case_timeout_s=5.0))
+h = Harness(HarnessConfig(rounds=8, compile_baselines=False, case_timeout_s=5.0, static_checks=False,
+                          load_checks=False))  # the load-time code runs: only the sandbox stands
 v = h.evaluate(load_problem("swiglu"), open(sys.argv[1]).read(), measure=False)
 print(json.dumps({"outcome": v.outcome.value, "detail": v.detail, "evidence": repr(v.evidence)}))
 h.close()
