@@ -28,7 +28,7 @@ TABLE_OFFSET = 4096
 DATA_OFFSET = TABLE_OFFSET + ((MAX_SLOTS * SLOT_BYTES + 4095) // 4096) * 4096
 GUARD = 256
 ALIGN = 64
-KINDS = {"in": 1, "out": 2, "int": 3, "float": 4}
+KINDS = {"in": 1, "out": 2, "int": 3, "float": 4, "in_full": 5}
 COUNTER_AT, HALT_AT = 0, 64               # separate cache lines
 
 
@@ -154,24 +154,59 @@ def splitmix(seed: int, index: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def mutation_indices(seed: int, calls: np.ndarray, arg_index: int, count: int, donor_count: int):
+def mutation_indices(seed: int, calls: np.ndarray, arg_index: int, count: int, donor_count: int,
+                     rows: int = 1):
     """(destination unit, donor unit) of input ``arg_index`` (its rank among the mutated inputs)
-    for each call index in ``calls``."""
+    for each call index in ``calls``: one per row of the input's ``rows`` equal runs, call by
+    call (``rows`` entries per call, row order within a call)."""
     z = splitmix(seed, calls.astype(np.uint64) * np.uint64(64) + np.uint64(arg_index))
+    if rows > 1:  # row r > 0 draws splitmix(z, r), row 0 z itself
+        per_row = splitmix_each(z[:, None], np.arange(rows, dtype=np.uint64)[None, :])
+        per_row[:, 0] = z
+        z = per_row.reshape(-1)
+    per = np.uint64(count // max(rows, 1))
     lo, hi = z & np.uint64(0xFFFFFFFF), z >> np.uint64(32)
-    dst = (lo * np.uint64(count)) >> np.uint64(32)
+    dst = (lo * per) >> np.uint64(32)
+    if rows > 1:
+        dst = dst + np.tile(np.arange(rows, dtype=np.uint64), len(calls)) * per
     src = (hi * np.uint64(donor_count)) >> np.uint64(32)
     return dst.astype(np.int64), src.astype(np.int64)
 
 
-def replay(units: np.ndarray, donor_units: np.ndarray, seed: int, calls: np.ndarray, arg_index: int) -> None:
+def splitmix_each(seeds: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``splitmix(seed, index)`` elementwise over broadcast ``seeds`` and ``index`` (the driver's
+    per-row draws)."""
+    with np.errstate(over="ignore"):
+        z = seeds.astype(np.uint64) + (index.astype(np.uint64) + np.uint64(1)) * _GOLD
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def rotation(seed: int, call: int, arg_index: int, donor_count: int) -> int:
+    """The donor rotation a wholly rewritten input (kind ``in_full``) gets before ``call``."""
+    z = splitmix(seed, np.array([call], dtype=np.uint64) * np.uint64(64) + np.uint64(arg_index))
+    return int(((z >> np.uint64(32)) * np.uint64(donor_count) >> np.uint64(32))[0])
+
+
+def rewritten(units: np.ndarray, donor_units: np.ndarray, rot: int) -> np.ndarray:
+    """The input the driver writes for a whole rewrite: the donor's units from ``rot`` on, wrapping."""
+    return donor_units[(rot + np.arange(len(units))) % len(donor_units)]
+
+
+def replay(units: np.ndarray, donor_units: np.ndarray, seed: int, calls: np.ndarray, arg_index: int,
+           full: bool = False, rows: int = 1) -> None:
     """Apply, in place and in call order, the mutations the driver made to one input.
 
     ``units`` is the input viewed as (count, unit bytes); ``calls`` the indices of the calls that
-    used this slot, ascending. Where a unit was replaced more than once, the last write wins."""
+    used this slot, ascending. Where a unit was replaced more than once, the last write wins.
+    ``full``: the input is rewritten whole before every call (the last call's rewrite stands)."""
     if len(calls) == 0:
         return
-    dst, src = mutation_indices(seed, calls, arg_index, len(units), len(donor_units))
+    if full:
+        units[:] = rewritten(units, donor_units, rotation(seed, int(calls[-1]), arg_index, len(donor_units)))
+        return
+    dst, src = mutation_indices(seed, calls, arg_index, len(units), len(donor_units), rows)
     rev_unique, first_in_rev = np.unique(dst[::-1], return_index=True)
     last = len(dst) - 1 - first_in_rev
     units[rev_unique] = donor_units[src[last]]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmfactory.harness.arena import Arena, mutation_indices
+from swarmfactory.harness.arena import Arena, mutation_indices, rewritten, rotation
 from swarmfactory.harness.candidate import CandidateProcess
 from swarmfactory.harness.outcome import Outcome, Rejected
 from swarmfactory.harness.slots import SlotGroup
@@ -49,20 +49,27 @@ class Probe:
 
 class CandidateTimer:
     def __init__(self, harness, proc: CandidateProcess, arena: Arena, problem: Problem,
-                 rng: np.random.Generator, timeout: float):
+                 rng: np.random.Generator, timeout: float, audited: bool = False):
+        """``audited``: every sample's outputs checked and half the samples audits (the
+        re-measurement of an implausible figure)."""
         self.h, self.proc, self.arena, self.problem, self.rng = harness, proc, arena, problem, rng
-        self.timeout = timeout
+        self.timeout, self.audited = timeout, audited
+        self.audit_share = max(0.5, harness.config.audit) if audited else harness.config.audit
         self.groups: dict[int, SlotGroup] = {}
         self.next_slot = 0
         self.check_cost: dict[int, float] = {}
 
     # -- layout and calibration ---------------------------------------------------------------
     def _new_group(self, shape, n: int) -> SlotGroup:
-        donors = self.problem.case_inputs(Case(dict(shape), seed=int(self.rng.integers(1 << 40))))
+        """``n`` input sets of ``shape``: the first from the workload's distribution, the others
+        (and the donors) from distributions drawn at random, special values included."""
+        donors = self.problem.case_inputs(Case(dict(shape), seed=int(self.rng.integers(1 << 40)),
+                                               dist=self._dist()))
         group = SlotGroup(self.arena, self.problem, shape, self.next_slot, n, donors=donors)
         self.next_slot += n
         for j in range(n):
-            case = Case(dict(shape), seed=int(self.rng.integers(1 << 40)))
+            dist = self.problem.dists[0] if j == 0 else self._dist()
+            case = Case(dict(shape), seed=int(self.rng.integers(1 << 40)), dist=dist)
             group.load(j, self.problem.case_inputs(case))
         return group
 
@@ -120,7 +127,12 @@ class CandidateTimer:
                 group.arena.write(group.bufs[j][name], arr)
 
     def _refresh(self, group: SlotGroup, j: int) -> None:
+        """A secret share of set ``j``'s units replaced; for inputs rewritten whole before every
+        call, a share of the donor they are rewritten from (fresh values from another draw)."""
         for a in self._mutated_args(group):
+            if a.name in group.full:
+                self._refresh_donor(group, a)
+                continue
             units = self._units(group.copies[j][a.name], a)
             donor = self._units(group.donors[a.name][1], a)
             k = int(min(len(units), max(2, self.h.config.refresh * len(units))))
@@ -130,16 +142,39 @@ class CandidateTimer:
                                                    group.bufs[j][a.name].offset + group.bufs[j][a.name].nbytes], a)
             arena[at] = units[at]
 
+    def _refresh_donor(self, group: SlotGroup, a) -> None:
+        buf, donor = group.donors[a.name]
+        fresh = self.problem.case_inputs(Case(dict(group.shape), seed=int(self.rng.integers(1 << 40)),
+                                              dist=self._dist()))
+        units = self._units(donor, a)
+        new = self._units(np.ascontiguousarray(fresh[a.name], dtype=NP_DTYPES[a.dtype]), a)
+        k = int(min(len(units), max(2, 4 * self.h.config.refresh * len(units))))
+        at = self.rng.integers(0, len(units), k)
+        units[at] = new[at]
+        self.arena.write(buf, donor)
+
+    def _dist(self) -> str:
+        """A value distribution for timed inputs, drawn as verification draws them: a kernel must
+        not learn from its inputs' values whether it is being timed (special values included)."""
+        return str(self.rng.choice(list(self.problem.dists)))
+
     def _prober(self, group: SlotGroup, log: list[Probe]):
+        """Trusted writes while the candidate runs: a fresh unit into a random set's input, or,
+        for an input rewritten whole before every call, into the donor it is rewritten from (a
+        kernel that precomputed results for the donor's values misses it)."""
         args = self._mutated_args(group)
         counter = self.arena.counter_view()
 
         def probe() -> None:
-            j = int(self.rng.integers(group.n))
             a = args[int(self.rng.integers(len(args)))]
             donor = self._units(group.donors[a.name][1], a)
-            value = donor[int(self.rng.integers(len(donor)))]
-            buf = group.bufs[j][a.name]
+            value = donor[int(self.rng.integers(len(donor)))].copy()
+            if a.name in group.full:
+                j, buf = -1, group.donors[a.name][0]
+                value = self._units(self._fresh_values(group, a), a)[int(self.rng.integers(len(donor)))]
+            else:
+                j = int(self.rng.integers(group.n))
+                buf = group.bufs[j][a.name]
             u = int(self.rng.integers(buf.nbytes // value.size))
             before = int(counter[0])
             self.arena.bytes[buf.offset + u * value.size: buf.offset + (u + 1) * value.size] = value
@@ -147,26 +182,37 @@ class CandidateTimer:
 
         return probe if args else None
 
+    def _fresh_values(self, group: SlotGroup, a) -> np.ndarray:
+        """Valid values of input ``a`` that the donor does not hold (another draw), kept per group."""
+        if a.name not in group.fresh:
+            draw = self.problem.case_inputs(Case(dict(group.shape), seed=int(self.rng.integers(1 << 40)),
+                                                 dist=self._dist()))
+            group.fresh[a.name] = np.ascontiguousarray(draw[a.name], dtype=NP_DTYPES[a.dtype])
+        return group.fresh[a.name]
+
     # -- samples --------------------------------------------------------------------------------
     def sample(self, s: dict, always_check: bool) -> float | None:
         """One sample's nanoseconds per call; None for an audit (checked, not timed)."""
         group: SlotGroup = s["group"]
         seed = int(self.rng.integers(1 << 62))
+        always_check = always_check or self.audited
         where = f"timed {self.problem.shape_label(s['shape'])}"
         if s["mode"] == "async":
             return self._async(group, s, seed, where, always_check)
         return self._sync(group, seed, where, always_check)
 
     def _async(self, group: SlotGroup, s: dict, seed: int, where: str, always_check: bool) -> float | None:
-        audit = bool(self.rng.random() < self.h.config.audit)
+        audit = bool(self.rng.random() < self.audit_share)
         seconds = s["window_s"] * float(self.rng.uniform(1.0, 1.5))
-        stop_at = None
         if audit:
-            expected = max(2, int(seconds * 1e9 / max(s["per_call"], 1.0)))
-            stop_at = int(self.rng.integers(1, expected + 1))
+            # an audit stops at a moment drawn by the trusted clock, log-uniformly from 20 us to
+            # the window: early calls are audited as often as late ones, wherever the candidate's
+            # own calibration would have put them; its outputs are always checked
+            seconds = float(np.exp(self.rng.uniform(np.log(20e-6), np.log(seconds))))
+            always_check = True
         probes: list[Probe] = []
         calls, ns = self.proc.run_for(group.first, group.n, seed, seconds, self.timeout, "measure",
-                                      min_calls=1 if audit else 4 * group.n, stop_at_calls=stop_at,
+                                      min_calls=1 if audit else 4 * group.n,
                                       probe=self._prober(group, probes), probe_every=PROBE_US * 1e-6)
         if calls < 1:
             raise Rejected(Outcome.TIMED_OUT, f"no call completed in {self.timeout:.0f} s of timing "
@@ -177,8 +223,9 @@ class CandidateTimer:
                            f"{ns / 1e6:.2f} ms on {where}, more than one per {MIN_CALL_NS:g} ns: "
                            "the counter was forged", "measure")
         for j in range(group.n):
-            self._check_async_set(group, j, seed, calls, [p for p in probes if p.slot == j],
+            self._check_async_set(group, j, seed, calls, [p for p in probes if p.slot in (j, -1)],
                                   f"{where} (set {j}, {calls} calls)", always_check)
+        self._settle_donors(group, probes, where)
         self.proc.halt(self.timeout, "measure")
         # halting lets the call in flight finish, mutation included: its set goes back as checked
         self._rewrite(group, only=calls % group.n)
@@ -187,31 +234,46 @@ class CandidateTimer:
 
     def _check_async_set(self, group: SlotGroup, j: int, seed: int, calls: int, probes: list[Probe],
                          where: str, always_check: bool) -> None:
-        """Set ``j`` after a run of ``calls`` completed calls, the probes on it in order.
+        """Set ``j`` after a run of ``calls`` completed calls; ``probes`` are those on set ``j``
+        and those on the donors (``slot`` -1), in order.
 
         Its final inputs must be the driver's mutations and the probes applied in counter order
-        (the call in flight at the stop, if it is this set's, may or may not have mutated yet).
-        Its output is checked when its last completed call saw a known input: no probe on it was
-        under way during that call, and none collided with a mutation within its counter window."""
+        (the call in flight at the stop, if it is this set's, may or may not have mutated yet);
+        an input rewritten whole holds the rewrite of the last call on the set, from the donor as
+        that call read it. Its output is checked when its last completed call saw a known input:
+        no probe on it (or on a donor it was rewritten from) was under way during that call, and
+        none collided with a mutation within its counter window."""
         n = group.n
         mine = np.arange(j, calls + 1, n)
         done = mine[mine < calls]
         in_flight = calls % n == j
-        ambiguous = any(self._collides(group, seed, p, mine) for p in probes)
+        on_set = [p for p in probes if p.slot == j]
+        on_donors = [p for p in probes if p.slot < 0]
+        ambiguous = any(self._collides(group, seed, p, mine) for p in on_set)
         last = int(done[-1]) if len(done) else None
         base = {k: v.copy() for k, v in group.copies[j].items()}
+        args = {a.name: a for a in self.problem.args}
+        ranks = {a.name: r for r, a in enumerate(self._mutated_args(group))}
 
-        def state(upto: int, visible) -> dict[str, np.ndarray]:
-            arrays = {k: v.copy() for k, v in base.items()}
+        def state(upto: int, visible) -> dict[str, np.ndarray | None]:
+            arrays: dict[str, np.ndarray | None] = {k: v.copy() for k, v in base.items()}
             idx = mine[mine <= upto]
             applied = 0
-            for p in sorted((p for p in probes if visible(p)), key=lambda p: p.before):
+            for p in sorted((p for p in on_set if visible(p)), key=lambda p: p.before):
                 seg = idx[applied:][idx[applied:] < p.before]
                 self._replay_into(group, arrays, seed, seg)
                 applied += len(seg)
-                arg = next(a for a in self.problem.args if a.name == p.arg)
-                self._units(arrays[p.arg], arg)[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
+                self._units(arrays[p.arg], args[p.arg])[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
             self._replay_into(group, arrays, seed, idx[applied:])
+            if len(idx):  # whole rewrites: the last call's, from the donor that call read
+                for name in group.full:
+                    donor = self._donor_at(group, args[name], int(idx[-1]), on_donors)
+                    if donor is None:
+                        arrays[name] = None  # a probe on the donor raced that call
+                        continue
+                    units = self._units(arrays[name], args[name])
+                    rot = rotation(seed, int(idx[-1]), ranks[name], len(donor))
+                    units[:] = rewritten(units, donor, rot)
             return arrays
 
         final = [state(calls - 1, lambda p: True)]
@@ -219,12 +281,15 @@ class CandidateTimer:
             final.append(state(calls, lambda p: True))
         for name in final[0]:
             options = [f[name] for f in final]
-            match = next((o for o in options if group.equals(j, name, o)), None)
+            match = next((o for o in options if o is not None and group.equals(j, name, o)), None)
             if match is None:
-                arg = next(a for a in self.problem.args if a.name == name)
-                now = group.arena.read(group.bufs[j][name]).view(NP_DTYPES[arg.dtype]).reshape(options[0].shape)
-                if ambiguous or (in_flight and self._torn(group, seed, calls, arg, options[0], now)):
+                arg = args[name]
+                now = group.arena.read(group.bufs[j][name]).view(NP_DTYPES[arg.dtype]).reshape(base[name].shape)
+                unknown = any(o is None for o in options)
+                if ambiguous or unknown or (in_flight and self._torn(group, seed, calls, arg, options[0], now,
+                                                                     options[-1])):
                     match = now.copy()  # a race the counter cannot order: take what is there
+                    ambiguous = True
                 else:
                     group.copies[j] = {**group.copies[j], name: options[0]}
                     self._check_inputs(group, j, where)
@@ -234,33 +299,68 @@ class CandidateTimer:
             raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", "measure")
         if in_flight or last is None or ambiguous:
             return
-        if any(p.before <= last <= p.after for p in probes):
+        if any(p.before <= last <= p.after for p in on_set):
             return  # a probe landed during the call that wrote this output
         seen = state(last, lambda p: p.after < last)
+        if any(v is None for v in seen.values()):
+            return
         inputs = {**group.inputs(j, copy=False), **seen}
         self._check_outputs(group, j, inputs, where, always_check)
 
+    def _donor_at(self, group: SlotGroup, arg, call: int, probes: list[Probe]) -> np.ndarray | None:
+        """The donor units of ``arg`` as call ``call`` read them: the run's starting donor with the
+        probes that ended before that call began; None if one was under way around it."""
+        units = self._units(group.donors[arg.name][1].copy(), arg)
+        for p in sorted((p for p in probes if p.arg == arg.name), key=lambda p: p.before):
+            if p.after < call:
+                units[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
+            elif p.before <= call:
+                return None
+        return units
+
+    def _settle_donors(self, group: SlotGroup, probes: list[Probe], where: str) -> None:
+        """After a run: the donors of whole rewrites hold exactly the starting values and the
+        probes written into them (anything else is the candidate writing to its future inputs);
+        the trusted copies take the probes."""
+        for name in group.full:
+            arg = next(a for a in self.problem.args if a.name == name)
+            buf, donor = group.donors[name]
+            units = self._units(donor, arg)
+            for p in sorted((p for p in probes if p.slot < 0 and p.arg == name), key=lambda p: p.before):
+                units[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
+            if not np.array_equal(self.arena.read(buf), donor.reshape(-1).view(np.uint8)):
+                raise Rejected(Outcome.CHEATED, f"while timed on {where}, the values the harness rewrites "
+                               f"`{name}` from were changed: the kernel wrote outside its outputs", "measure")
+
     def _torn(self, group: SlotGroup, seed: int, calls: int, arg, expected: np.ndarray,
-              now: np.ndarray) -> bool:
+              now: np.ndarray, after: np.ndarray) -> bool:
         """Does ``now`` differ from ``expected`` only inside the unit the in-flight call's
-        mutation was copying when the stop came (a multi-byte unit caught half written)?"""
+        mutation was copying when the stop came (a multi-byte unit caught half written)? For an
+        input rewritten whole: is every unit either as it was or as the rewrite (``after``) has it?"""
         rank = [a.name for a in self._mutated_args(group)].index(arg.name)
         units_now, units_exp = self._units(now.copy(), arg), self._units(expected, arg)
+        if arg.name in group.full:
+            units_new = self._units(after, arg)
+            same = (units_now == units_exp).all(axis=1) | (units_now == units_new).all(axis=1)
+            # at most one unit caught half copied
+            return int((~same).sum()) <= 1
         dst, _ = mutation_indices(seed, np.array([calls]), rank, len(units_exp),
-                                  len(self._units(group.donors[arg.name][1], arg)))
+                                  len(self._units(group.donors[arg.name][1], arg)), group.rows.get(arg.name, 1))
         differ = np.flatnonzero((units_now != units_exp).any(axis=1))
-        return len(differ) == 1 and int(differ[0]) == int(dst[0])
+        return len(differ) >= 1 and bool(np.isin(differ, dst).all())
 
     def _collides(self, group: SlotGroup, seed: int, p: Probe, mine: np.ndarray) -> bool:
         """Did a driver mutation within the probe's counter window hit the probe's unit?"""
         window = mine[(mine >= p.before) & (mine <= p.after)]
         if not len(window):
             return False
+        if p.arg in group.full:
+            return True
         rank = [a.name for a in self._mutated_args(group)].index(p.arg)
         arg = next(a for a in self.problem.args if a.name == p.arg)
         count = len(self._units(group.copies[p.slot][p.arg], arg))
         donor_count = len(self._units(group.donors[p.arg][1], arg))
-        dst, _ = mutation_indices(seed, window, rank, count, donor_count)
+        dst, _ = mutation_indices(seed, window, rank, count, donor_count, group.rows.get(p.arg, 1))
         return bool((dst == p.unit).any())
 
     def _replay_into(self, group: SlotGroup, arrays: dict, seed: int, calls: np.ndarray) -> None:
@@ -269,7 +369,8 @@ class CandidateTimer:
         from swarmfactory.harness.arena import replay
 
         for rank, a in enumerate(self._mutated_args(group)):
-            replay(self._units(arrays[a.name], a), self._units(group.donors[a.name][1], a), seed, calls, rank)
+            replay(self._units(arrays[a.name], a), self._units(group.donors[a.name][1], a), seed, calls, rank,
+                   full=a.name in group.full, rows=group.rows.get(a.name, 1))
 
     def _sync(self, group: SlotGroup, seed: int, where: str, always_check: bool) -> float:
         # a secret refresh of a random few sets (which ones, the kernel cannot know, and the two

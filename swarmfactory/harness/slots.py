@@ -14,6 +14,33 @@ import numpy as np
 from swarmfactory.harness.arena import KINDS, Arena, Buffer, buffer_span, replay
 from swarmfactory.problems.spec import NP_DTYPES, Problem
 
+# What changes before every timed call, so that a kernel keeping private copies of its inputs and
+# updating only what changed (a diff-and-patch memo) must redo the op's rows: an input beside a
+# larger one (an activation beside weights, a query beside its KV cache, a weight vector beside
+# its rows: at most FULL_REWRITE_SHARE of the largest input, and FULL_REWRITE_MAX bytes) is
+# rewritten whole, from the donor rotated at random; every other input gets a fresh unit in every
+# row (each row of a matrix, of quantised blocks), so no row's result survives a call. All of it
+# counts against the candidate: it is a few percent of a call at most.
+FULL_REWRITE_SHARE = 0.25
+FULL_REWRITE_MAX = 1 << 20
+
+
+def mutation_plan(problem: Problem, shape) -> tuple[set[str], dict[str, int]]:
+    """(inputs rewritten whole, rows of every other input) of ``problem`` at ``shape``."""
+    sizes, shapes = arg_sizes(problem, shape), _arg_shapes(problem, shape)
+    inputs = [a for a in problem.args if a.kind == "in"]
+    largest = max((sizes[a.name] for a in inputs), default=0)
+    full, rows = set(), {}
+    for a in inputs:
+        if sizes[a.name] <= min(FULL_REWRITE_SHARE * largest, FULL_REWRITE_MAX):
+            full.add(a.name)
+            continue
+        dims = shapes[a.name]
+        units = sizes[a.name] // (np.dtype(NP_DTYPES[a.dtype]).itemsize * a.block)
+        per_row = dims[-1] // a.block if len(dims) > 1 and dims[-1] % a.block == 0 else units
+        rows[a.name] = units // per_row if per_row and units % per_row == 0 else 1
+    return full, rows
+
 
 def _nbytes(problem: Problem, arg, inputs_or_shapes) -> int:
     value = inputs_or_shapes[arg.name]
@@ -31,21 +58,31 @@ def group_bytes(problem: Problem, shape, n: int, donors: bool) -> int:
 
 def arg_sizes(problem: Problem, shape) -> dict[str, int]:
     """Bytes of every pointer argument at ``shape`` (inputs from the problem's own generator)."""
+    return _layout(problem, shape)[0]
+
+
+def _arg_shapes(problem: Problem, shape) -> dict[str, tuple[int, ...]]:
+    return _layout(problem, shape)[1]
+
+
+def _layout(problem: Problem, shape) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
     key = (problem.name, problem.spec_hash(), tuple(sorted(dict(shape).items())))
     if key not in _SIZES:
         inputs = problem.make_inputs(dict(shape), np.random.default_rng(0), problem.dists[0])
         outs = problem.output_shapes(dict(shape))
-        sizes = {}
+        sizes, shapes = {}, {}
         for a in problem.args:
             if a.kind == "in":
-                sizes[a.name] = np.asarray(inputs[a.name]).nbytes
+                arr = np.asarray(inputs[a.name])
+                sizes[a.name], shapes[a.name] = arr.nbytes, arr.shape
             elif a.kind == "out":
                 sizes[a.name] = int(np.prod(outs[a.name])) * np.dtype(NP_DTYPES[a.dtype]).itemsize
-        _SIZES[key] = sizes
+                shapes[a.name] = tuple(outs[a.name])
+        _SIZES[key] = (sizes, shapes)
     return _SIZES[key]
 
 
-_SIZES: dict[tuple, dict[str, int]] = {}
+_SIZES: dict[tuple, tuple[dict, dict]] = {}
 
 
 class SlotGroup:
@@ -59,6 +96,8 @@ class SlotGroup:
         self.copies: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
         self.scalars: list[dict] = [{} for _ in range(n)]
         self.donors: dict[str, tuple[Buffer, np.ndarray]] = {}
+        self.full, self.rows = mutation_plan(problem, shape) if donors is not None else (set(), {})
+        self.fresh: dict[str, np.ndarray] = {}  # values for probes into donors (sampling.py)
         if donors is not None:
             for a in problem.args:
                 if a.kind == "in":
@@ -99,7 +138,9 @@ class SlotGroup:
                 if a.kind == "in" and a.name in self.donors:
                     dbuf, _ = self.donors[a.name]
                     donor_off, donor_count = dbuf.offset, dbuf.nbytes // unit
-                rows.append((KINDS[a.kind], unit, buf.offset, count, donor_off, donor_count, 0, 0.0))
+                kind = "in_full" if a.name in self.full else a.kind
+                rows.append((KINDS[kind], unit, buf.offset, count, donor_off, donor_count,
+                             self.rows.get(a.name, 1) if a.kind == "in" else 0, 0.0))
             elif a.kind == "int":
                 rows.append((KINDS["int"], 0, 0, 0, 0, 0, int(self.scalars[i][a.name]), 0.0))
             else:
@@ -131,7 +172,7 @@ class SlotGroup:
             arr = self.copies[i][a.name].copy()
             units = arr.reshape(-1).view(np.uint8).reshape(-1, item)
             donor = self.donors[a.name][1].reshape(-1).view(np.uint8).reshape(-1, item)
-            replay(units, donor, seed, calls, rank)
+            replay(units, donor, seed, calls, rank, full=a.name in self.full, rows=self.rows.get(a.name, 1))
             out[a.name] = arr
             rank += 1
         return out

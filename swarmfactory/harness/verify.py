@@ -11,19 +11,24 @@ it, so a bf16-grade error cannot hide under an atol larger than the outputs. The
 the answer shifted by one element) are compared with the case's reference; where one would
 still pass, its atol is tightened to half what that answer would need. The tolerance a problem states must also admit torch's own fp32
 result (tests/problems check that for every bundled problem).
+
+Every case also carries torch's own fp32 error, and a candidate may be at most K times as far
+from the reference (harness/accuracy.py).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.harness.accuracy import ErrorStats, error_vs_torch, torch_errors
 from swarmfactory.problems.spec import Case, Problem, to_torch
 
 
@@ -37,6 +42,8 @@ class CaseData:
     expected: dict[str, np.ndarray]
     atol: dict[str, Any]            # per output: a float or an array broadcastable to it
     tightened: tuple[str, ...] = ()  # outputs whose atol was tightened, with the trivial answer
+    # per output: torch's own fp32 error on this case; empty where the problem has no such bound
+    torch_error: dict[str, ErrorStats] = field(default_factory=dict)
 
 
 def _close(exp: np.ndarray, got: np.ndarray, rtol: float, atol) -> np.ndarray:
@@ -152,13 +159,14 @@ def _fit_torch_threads() -> None:
 
 
 def expected_for(problem: Problem, inputs: dict) -> CaseData:
-    """The reference outputs (float64) and the case's tolerance for ``inputs``."""
+    """The reference outputs (float64), the case's tolerance and torch's own fp32 error for
+    ``inputs``."""
     _fit_torch_threads()
     ref = problem.reference(to_torch(inputs))
     expected = {k: np.asarray(v.detach().double().numpy() if hasattr(v, "detach") else v, dtype=np.float64)
                 for k, v in ref.items()}
     atol, notes = case_tolerance(problem, expected, inputs)
-    return CaseData(inputs, expected, atol, notes)
+    return CaseData(inputs, expected, atol, notes, torch_errors(problem, inputs, expected, atol))
 
 
 CASES = CaseCache()
@@ -207,8 +215,10 @@ def order_cases(cases: list[Case]) -> list[Case]:
 
 
 def check_slot(group, i: int, problem: Problem, data: CaseData, where: str, stage: str,
-               check_inputs: bool = True) -> None:
-    """Guards, read-only inputs and outputs of slot ``i`` against the trusted copies."""
+               check_inputs: bool = True) -> float | None:
+    """Guards, read-only inputs and outputs of slot ``i`` against the trusted copies: within the
+    case's tolerance and within K times torch's own fp32 error. Returns the error as a multiple
+    of torch's (None where the case has no such bound)."""
     damage = group.damage(i)
     if damage:
         raise Rejected(Outcome.WRONG, f"{damage} on {where} (an out-of-bounds write)", stage)
@@ -216,40 +226,61 @@ def check_slot(group, i: int, problem: Problem, data: CaseData, where: str, stag
     if changed:
         raise Rejected(Outcome.CHEATED, f"the kernel modified its input `{changed[0]}` on {where} "
                        "(inputs are read-only)", stage)
-    failure = compare(problem, data.expected, group.outputs(i), where, data.atol)
+    outputs = group.outputs(i)
+    failure = compare(problem, data.expected, outputs, where, data.atol)
     if failure:
         raise Rejected(Outcome.WRONG, failure, stage)
+    ratio, failure = error_vs_torch(problem, data.expected, outputs, data.atol, data.torch_error, where)
+    if failure:
+        raise Rejected(Outcome.WRONG, failure, stage, error_vs_torch=round(ratio, 3))
+    return ratio
 
 
-def verify(proc, layout, problem: Problem, cases: list[Case], timeout: float) -> int:
+def verify(proc, layout, problem: Problem, cases: list[Case], timeout: float,
+           stats: dict | None = None) -> int:
     """Run every case in the candidate's process; raise Rejected on the first failure (its
-    evidence names the case). ``layout`` maps a shape to its (SlotGroup, slot index)."""
+    evidence names the case). ``layout`` maps a shape to its (SlotGroup, slot index).
+    ``stats["error_vs_torch"]``: the largest error as a multiple of torch's over the cases."""
     seen: set[str] = set()
+    worst = None
     for case in order_cases(cases):
         try:
-            _verify_case(proc, layout, problem, case, timeout, seen)
+            ratio = _verify_case(proc, layout, problem, case, timeout, seen)
         except Rejected as rej:
             rej.stage = "verify"
             rej.evidence.setdefault("case", case.key())
             raise
+        if ratio is not None and (worst is None or ratio > worst):
+            worst = ratio
+    if stats is not None:  # over every pass of one evaluation
+        before = stats.get("error_vs_torch")
+        if worst is not None and (before is None or worst > before):
+            stats["error_vs_torch"] = round(worst, 3)
+        stats.setdefault("error_vs_torch", None)
     return len(cases)
 
 
-def _verify_case(proc, layout, problem: Problem, case: Case, timeout: float, seen: set[str]) -> None:
+_DEEP = random.SystemRandom()
+
+
+def _verify_case(proc, layout, problem: Problem, case: Case, timeout: float, seen: set[str]) -> float | None:
     data = CASES.get(problem, case)
     group = layout[slot_key(case.shape)]
     where = describe(problem, case)
     group.load(0, data.inputs)
-    proc.call(group.first, timeout, f"verify ({where})")
-    check_slot(group, 0, problem, data, where, "verify")
     key = slot_key(case.shape)
+    # every thread's floating-point state is read after a shape's first call and a random quarter
+    # of the others (a read stops every thread: ~0.1 ms each)
+    proc.call(group.first, timeout, f"verify ({where})", deep=key not in seen or _DEEP.random() < 0.25)
+    ratio = check_slot(group, 0, problem, data, where, "verify")
     if key not in seen:  # determinism, with a different poison value
         seen.add(key)
         first = group.outputs(0)
         group.poison(0, 1e30)
-        proc.call(group.first, timeout, f"verify ({where})")
+        proc.call(group.first, timeout, f"verify ({where})", deep=False)
         again = group.outputs(0)
         for name, out in first.items():
             if not np.array_equal(out, again[name], equal_nan=True):
                 raise Rejected(Outcome.WRONG, f"nondeterministic: two calls on identical inputs "
                                f"gave different `{name}` on {where} (uninitialised or racy reads)", "verify")
+    return ratio
