@@ -3,11 +3,14 @@
 Takes a fixed, seeded sample of valid knob configurations of every bundled problem's template
 and evaluates them the way a run does: the coordinator's CPU split (measurements pinned apart
 from builds and verifications), two evaluations in flight, one measurement at a time, the
-default run settings (20 rounds, eager and compiled baselines). Baselines are chosen and the
+default run settings (20 rounds, eager and compiled baselines). Baselines are chosen, the seed
+cases' references computed (every evaluation after a problem's first finds them cached) and the
 build cache is emptied before the clock starts, so the figure is a run's steady state with
-fresh builds. Prints candidates per minute and the time per stage.
+fresh builds. With ``--draws`` every candidate also gets the next draw of its problem's
+full-size model cases, as a run's coordinator adds them (``Problem.model_cases``; those are
+new to every evaluation). Prints candidates per minute and the time per stage.
 
-    .venv/bin/python benchmarks/throughput.py [--per-problem 6] [--problems all] [--json out.json]
+    .venv/bin/python benchmarks/throughput.py [--per-problem 6] [--problems all] [--draws] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", default="all")
     ap.add_argument("--per-problem", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--draws", action="store_true", help="add each problem's next model-case draw per candidate")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     os.environ["SWARMFACTORY_CACHE"] = tempfile.mkdtemp(prefix="sf-throughput-")
@@ -60,12 +64,21 @@ def main(argv=None) -> int:
             for shape in p.workload:
                 harness.baseline_for(p, shape)
             harness.evaluate(p, p.render(), cases=p.seed_cases()[:1])
+            harness.evaluate(p, p.render(), cases=p.seed_cases(), measure=False)  # references cached
         if any(p.roofline for p in problems):
             harness.roofs()
         shutil.rmtree(os.environ["SWARMFACTORY_CACHE"], ignore_errors=True)
         print(f"evaluating {len(jobs)} candidates", flush=True)
         t0 = time.monotonic()
-        futures = [executor.submit(p, src, p.seed_cases()) for p, src in jobs]
+        draws = Counter()
+
+        def cases(p):
+            if not args.draws or not hasattr(p, "model_cases"):
+                return p.seed_cases()
+            draws[p.name] += 1
+            return p.seed_cases() + p.model_cases(draws[p.name] - 1)
+
+        futures = [executor.submit(p, src, cases(p)) for p, src in jobs]
         verdicts = [f.result() for f in futures]
         wall = time.monotonic() - t0
     finally:

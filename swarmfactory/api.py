@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store
 from swarmfactory.problems import Problem, load_problem
-from swarmfactory.validation import validation_set
+from swarmfactory.validation import drawn_evidence, validation_set
 
 if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
     from swarmfactory.config import RunConfig
@@ -16,18 +16,22 @@ if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
 
 
 def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
-             config: HarnessConfig | None = None) -> dict[str, Any]:
-    """Verify and measure one kernel; record it; return the verdict with its ids."""
+             config: HarnessConfig | None = None, draw: int | None = None) -> dict[str, Any]:
+    """Verify and measure one kernel; record it; return the verdict with its ids. ``draw``: also
+    verify that draw of the full-size model cases (``Problem.model_cases``; the evidence says
+    which); without it, the validation set alone (its fixed sample of model shapes included)."""
     from swarmfactory.harness.evaluate import Harness
 
     problem = load_problem(problem) if isinstance(problem, str) else problem
     store = store if isinstance(store, Store) else Store(store)
     harness = Harness(config, store=store)
     try:
-        cases, vversion = validation_set(problem, store)
+        cases, vversion = validation_set(problem, store, draw)
         verdict = harness.evaluate(problem, source, cases)
     finally:
         harness.close()
+    if draw is not None:
+        verdict.evidence["model_draw"] = drawn_evidence(draw, cases)
     cand = candidate_record(problem, source, agent="user", operator="eval", backend=problem.backend)
     eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
     return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,

@@ -14,8 +14,13 @@ weight), then the outputs. All are fp32, contiguous, row-major; anything else is
 * Parameters: drawn per case around the seeded model's initial values (their spread, or half
   their magnitude where they are constant, as LayerNorm's ones and zeros are), so a kernel that
   ignores a weight or a bias is wrong.
-* Reference: the model in float64 when it runs in float64, else in fp32. Baseline and the "vs
-  reference" column: the fp32 model in eager mode, with the case's parameters loaded.
+* Reference: the model in float64 (``model.double()``, the case's parameters) when it runs in
+  float64, else in fp32. Baseline and the "vs reference" column: the fp32 model in eager mode,
+  with the case's parameters loaded.
+* Torch's own error: the fp32 model's forward on the same inputs and parameters, against the
+  float64 one; a candidate's error may be at most a small multiple of it on every case
+  (harness/verify.py). A model without a float64 forward (an op without float64 support, or
+  a cast back to fp32 inside) has no such bound, and its note says so.
 * Tolerance: KernelBench's own check (``torch.allclose`` with rtol = atol = 1e-2) unless the file
   sets ``RTOL`` and ``ATOL``; where a trivial output would pass a case under it (softmax rows of
   16k columns are all below 1e-2), the harness tightens that case.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +161,14 @@ def from_kernelbench_module(module, path) -> Problem:
     out_shapes = {f"out{i}": tuple(int(s) for s in o.shape) for i, o in enumerate(outs)}
     in_shapes = [tuple(t.shape) for t in example]
 
-    ref_model, ref_dtype = model, torch.float32
+    ref_model, ref_dtype, in_float64 = model, torch.float32, False
     try:
         m64 = copy.deepcopy(model).double()
         with torch.no_grad():
-            m64(*[t.double() for t in example])
+            outs64 = _as_tuple(m64(*[t.double() for t in example]))
         ref_model, ref_dtype = m64, torch.float64
+        # a forward that casts back to fp32 inside has no float64 answer to measure torch's by
+        in_float64 = all(getattr(o, "dtype", None) == torch.float64 for o in outs64)
     except Exception:  # an op without float64 support: fp32 it is
         pass
 
@@ -182,14 +190,20 @@ def from_kernelbench_module(module, path) -> Problem:
         params_now = {k: _perturb(v, rng) for k, v in fixed_params.items()}
         return {**{f"in{i}": a for i, a in enumerate(arrays)}, **params_now}
 
+    lock = threading.Lock()  # functional_call swaps the module's tensors while it runs
+
     def _call(m, t, dtype):
         args = [t[f"in{i}"].to(dtype) for i in range(n_in)]
         state = {n: t[f"p{i}"].to(dtype) for i, n in enumerate(param_names)}
-        with torch.no_grad():
+        with lock, torch.no_grad():
             return _as_tuple(functional_call(m, state, tuple(args)))
 
     def reference(t):
         return {f"out{i}": o for i, o in enumerate(_call(ref_model, t, ref_dtype))}
+
+    def fp32_torch(t):
+        """The fp32 model on the case's inputs and parameters: torch's own answer."""
+        return lambda: _call(model, t, torch.float32)
 
     def baseline_eager(t):
         """The fp32 model with the case's parameters loaded (outside the timed call)."""
@@ -211,6 +225,9 @@ def from_kernelbench_module(module, path) -> Problem:
               else "KernelBench's own correctness check (torch.allclose, rtol = atol = 1e-2); "
                    "the op is arbitrary, so no tighter bound can be derived")
     doc = (module.__doc__ or module.Model.__doc__ or "").strip().splitlines()
+    if not in_float64:
+        note = "; ".join(filter(None, [note, "the model has no float64 forward (its reference is computed in "
+                                             "fp32): no bound from torch's own fp32 error"]))
     return Problem(
         name=_c_name(path.stem),
         version=1,
@@ -223,6 +240,8 @@ def from_kernelbench_module(module, path) -> Problem:
         reference=reference,
         baselines={"eager": baseline_eager},
         eager=baseline_eager,
+        fp32_torch=fp32_torch,
+        torch_error_multiple=None if in_float64 else 0.0,
         tolerance=Tolerance(rtol, atol, reason),
         workload=(shape,),
         edge_shapes=(shape,),

@@ -35,6 +35,8 @@ import numpy as np
 ArgKind = Literal["in", "out", "int", "float"]
 Shape = Mapping[str, int]
 
+MODEL_CASES_PER_DRAW = 1  # full-size model shapes added to each evaluation (Problem.model_cases)
+
 NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int64": np.int64}
 C_TYPES = {"float32": "float", "uint8": "uint8_t", "int8": "int8_t", "int64": "int64_t"}
 
@@ -139,6 +141,25 @@ class Problem:
     interpret_shapes: tuple[Mapping[str, int], ...] = ()
     # GPU problems: the model config the workload's shapes come from (e.g. "Llama-3-8B").
     shapes_from: str = ""
+    # Torch's own fp32 answer (setup -> fn, like a baseline; fp32 inputs): its error against the
+    # float64 reference bounds a candidate's on every case (harness/verify.py: at most
+    # ``torch_error_multiple`` times it). None: the first baseline whose name does not end in
+    # "_bf16", else ``eager``. Set it where that is not the op computed in fp32 (a quantised
+    # op: dequantise, then multiply in fp32). Not part of the spec hash.
+    fp32_torch: Callable[[dict[str, Any]], Callable[[], Any]] | None = None
+    # K of that bound; None: the harness default (verify.TORCH_ERROR_MULTIPLE); 0: no such bound
+    # (a reference that is not computed in float64 has no error to measure torch's against).
+    torch_error_multiple: float | None = None
+    # The terms of the longest fp32 sum behind one output (inputs -> n), where the problem lets a
+    # kernel add them in an order less accurate than torch's (its tolerance says so): that bound
+    # then allows verify.REORDER_ULPS x sqrt(n) fp32 half-ulps more. None: no such allowance.
+    fp32_sum_terms: Callable[[dict[str, Any]], int] | None = None
+    # Shapes of real open models (problems/models.py). ``model_shapes``: a fixed, cheap sample
+    # that is part of ``seed_cases`` (every catalogue value of every dimension at least once, the
+    # other dimensions small; every batch 1..64); ``model_draws``: (label, shape) full-size real
+    # combinations, drawn one per evaluation (``model_cases``), so a run covers them over time.
+    model_shapes: tuple[Mapping[str, int], ...] = ()
+    model_draws: tuple[tuple[str, Mapping[str, int]], ...] = ()
 
     @property
     def c_signature(self) -> str:
@@ -196,6 +217,11 @@ class Problem:
             for j, dist in enumerate(stress_dists):
                 cases.append(Case(dict(shape), seed=500_000 + 1000 * i + j, dist=dist))
         cases += self.residue_sweep()
+        # real models' dimensions, one case each under the first distribution (special values
+        # would make many of them all-NaN rows that check nothing else; the drawn model cases
+        # go through every distribution)
+        for i, shape in enumerate(self.model_shapes):
+            cases.append(Case(dict(shape), seed=600_000 + i, dist=self.dists[0], origin="model"))
         for i, shape in enumerate(self.workload):
             cases.append(Case(dict(shape), seed=777 + i, dist="normal", origin="workload"))
             # every distribution at the exact timed shapes too: a fast path taken only there
@@ -220,6 +246,25 @@ class Problem:
                 if self.valid_shape(shape):
                     cases.append(Case(shape, seed=900_000 + 100 * i + r, dist=self.dists[0]))
         return cases
+
+    def model_cases(self, draw: int, k: int = MODEL_CASES_PER_DRAW) -> list[Case]:
+        """Draw number ``draw`` of the full-size model shapes: the next ``k`` of ``model_draws``
+        (draw d takes entries d*k .. d*k+k-1, wrapping), so successive draws cover all of them,
+        then again under the next distribution. Not part of the validation set's version: a
+        caller adds them to the cases of one evaluation and records which it checked."""
+        pool = self.model_draws
+        cases = []
+        for i in range(min(k, len(pool))):
+            j = draw * k + i
+            cycle, at = divmod(j, len(pool))
+            label, shape = pool[at]
+            cases.append(Case(dict(shape), seed=3_000_000 + j, dist=self.dists[cycle % len(self.dists)],
+                              origin=f"model:{label}"))
+        return cases
+
+    def model_cycle(self, k: int = MODEL_CASES_PER_DRAW) -> int:
+        """Draws until ``model_cases`` has drawn every entry of ``model_draws`` once."""
+        return -(-len(self.model_draws) // k)
 
     def case_inputs(self, case: Case) -> dict[str, Any]:
         """The inputs of ``case``: the generator's draw, with the case's fixed scalars laid over."""

@@ -42,7 +42,7 @@ from swarmfactory.swarm.bandit import Bandit
 from swarmfactory.swarm.contract import Factory, drive, result
 from swarmfactory.swarm.executors import Executor, ExecutorError, make_executor
 from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
-from swarmfactory.validation import validation_set
+from swarmfactory.validation import drawn_evidence, validation_set
 
 
 ADVERSARY_EVERY = 8      # evaluations of a problem between adversary turns (and after a new champion)
@@ -71,6 +71,7 @@ class ProblemState:
     since_adversary: int = 0
     since_analysis: int = 0
     knowledge: Knowledge = field(default_factory=Knowledge)   # lessons that apply, as the board carries them
+    draw: int = 0  # the next draw of full-size model cases (Problem.model_cases); one per evaluation
 
 
 @dataclass
@@ -85,6 +86,8 @@ class Job:
     orphan: bool = False
     vversion: str | None = None
     attempts: int = 0
+    draw: int | None = None
+    drawn: list = field(default_factory=list)  # the model cases drawn for it, beside the validation set
 
 
 class NullProgress:
@@ -159,8 +162,10 @@ class Coordinator(Factory):
         for p in self.problems:
             self.store.record_problem(p)
             cases, vversion = validation_set(p, self.store)
-            st = ProblemState(p, cases, vversion)
-            for ev in self.store.evaluations(problem=p.name, this_hardware=True):
+            evs = self.store.evaluations(problem=p.name, this_hardware=True)
+            # draws continue where the evaluations recorded here left off, so runs go on round the cycle
+            st = ProblemState(p, cases, vversion, draw=len(evs))
+            for ev in evs:
                 if ev["problem_spec"] != p.spec_hash() or ev["hardware_id"] != hw:
                     continue
                 if ev["validation_version"] == vversion:
@@ -302,8 +307,10 @@ class Coordinator(Factory):
         self.store.record_candidate(prop.record(st.problem, self.run_id))  # a taker-over finds its source
         st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
         job.vversion, job.attempts = st.vversion, claim.attempts
+        job.draw, st.draw = st.draw, st.draw + 1
+        job.drawn = st.problem.model_cases(job.draw)
         self._in_flight += 1
-        return self.executor.submit(st.problem, prop.source, st.cases)
+        return self.executor.submit(st.problem, prop.source, st.cases + job.drawn)
 
     def complete(self, job: Job, verdict: Verdict) -> None:
         st = job.st
@@ -312,8 +319,11 @@ class Coordinator(Factory):
         st.pending.pop(job.cid, None)
         if job.attempts > 1:
             verdict.evidence["lease"] = f"taken over after {job.attempts - 1} expired lease(s)"
+        if job.drawn:
+            verdict.evidence["model_draw"] = drawn_evidence(job.draw, job.drawn)
         if self._complete(st, job.prop, job.cid, verdict, job.vversion) or st.since_adversary >= ADVERSARY_EVERY:
             self._adversary_turn(st)
+        self._keep_drawn_failure(st, job, verdict)
         if st.since_analysis >= ANALYST_EVERY:
             self._learn([st])
 
@@ -444,6 +454,18 @@ class Coordinator(Factory):
                                                             f.broke, f.detail[:500])]
         self.counts["cases_found"] += len(added)
         if added:
+            self.reverify(st)
+
+    def _keep_drawn_failure(self, st: ProblemState, job: Job, verdict: Verdict) -> None:
+        """A drawn model case that broke a candidate becomes a permanent validation case (the
+        validation set improves itself), and the champions are re-verified against it."""
+        key = verdict.evidence.get("case") if verdict.outcome == Outcome.WRONG else None
+        case = next((c for c in job.drawn if c.key() == key), None)
+        if case is None:
+            return
+        if self.store.add_case(st.problem.name, case, "model-draw", job.cid,
+                               f"{case.origin}: {verdict.detail[:400]}"):
+            self.counts["cases_found"] += 1
             self.reverify(st)
 
     def _failures(self, st: ProblemState) -> list[dict]:

@@ -76,8 +76,13 @@ def call_kernel(problem: Problem, fn, inputs: Mapping, shape: Mapping) -> dict[s
     return outs
 
 
+_TORCH_ERRORS: dict[tuple[str, int], tuple[Mapping, dict]] = {}
+
+
 def compare(problem: Problem, got: Mapping, ref: Mapping, label: str, inputs: Mapping | None = None) -> None:
-    """The harness's own comparison: NaN where the reference has NaN, the case's tolerance."""
+    """The harness's own comparison: NaN where the reference has NaN, the case's tolerance, and
+    (given the inputs) at most K times torch's own fp32 error on them."""
+    from swarmfactory.harness.accuracy import error_vs_torch, torch_errors
     from swarmfactory.harness.verify import case_tolerance
     from swarmfactory.harness.verify import compare as harness_compare
 
@@ -85,6 +90,13 @@ def compare(problem: Problem, got: Mapping, ref: Mapping, label: str, inputs: Ma
     atol = case_tolerance(problem, expected, dict(inputs or {}))[0]
     out = {k: np.asarray(got[k], dtype=np.float32) for k in expected}
     msg = harness_compare(problem, expected, out, label, atol)
+    assert msg is None, msg
+    if inputs is None:
+        return
+    key = (problem.name, id(inputs))  # the inputs are kept alive with their torch errors
+    if key not in _TORCH_ERRORS or _TORCH_ERRORS[key][0] is not inputs:
+        _TORCH_ERRORS[key] = (inputs, torch_errors(problem, dict(inputs), expected, atol))
+    _, msg = error_vs_torch(problem, expected, out, atol, _TORCH_ERRORS[key][1], label)
     assert msg is None, msg
 
 

@@ -197,3 +197,25 @@ def test_no_trivial_output_passes_any_seed_case(name):
                     gap = np.nanmax(np.abs(triv - exp)[np.isfinite(exp)], initial=0.0)
                     assert gap <= 2 * FP32_FLOOR + p.tolerance.rtol * np.nanmax(np.abs(exp)), \
                         f"{name} {case.key()}: {label} passes"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_seed_case_is_bounded_by_torchs_own_fp32_error(name):
+    """Torch's fp32 answer runs on every seed case and bounds every output that has a finite
+    value, except where the inputs repeat one magnitude (the fixed tolerance alone judges those)."""
+    from swarmfactory.harness.accuracy import fp32_torch_path, repeated_input
+    from swarmfactory.harness.verify import CASES
+
+    p = load_problem(name)
+    assert fp32_torch_path(p) is not None
+    bounded = 0
+    for case in p.seed_cases():
+        data = CASES.get(p, case)
+        if repeated_input(data.inputs):
+            assert not data.torch_error
+            continue
+        for out, exp in data.expected.items():
+            if np.isfinite(exp).any():
+                assert out in data.torch_error, f"{name} {case.key()}: no torch error for {out}"
+                bounded += 1
+    assert bounded

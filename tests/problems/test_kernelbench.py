@@ -195,3 +195,74 @@ def test_the_vs_reference_column_times_the_fp32_model():
     assert p.eager is not None
     t = to_torch(p.make_inputs(p.workload[0], np.random.default_rng(3), "normal"))
     assert p.eager(t)().dtype == torch.float32
+
+
+# -- tolerances from torch's own error -------------------------------------------------------------
+
+MSE = """
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+
+def get_inputs():
+    return [torch.randn(64, 512), torch.randn(64, 512)]
+
+def get_init_inputs():
+    return []
+"""
+
+BITS_ABS = """
+class Model(nn.Module):
+    def forward(self, x):
+        return (x.view(torch.int32) & 0x7FFFFFFF).view(torch.float32)  # |x| by its bits: fp32 only
+
+def get_inputs():
+    return [torch.randn(8, 32)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_kernelbench_cases_carry_the_fp32_models_error_against_the_float64_one():
+    from swarmfactory.harness.verify import CASES
+
+    p = load_problem(LINEAR_RELU)
+    assert p.fp32_torch is not None and p.torch_error_multiple is None
+    for case in p.seed_cases()[:3]:
+        data = CASES.get(p, case)
+        assert set(data.torch_error) == {"out0"}
+        got = p.fp32_torch(to_torch(data.inputs))()[0].numpy()
+        assert np.array_equal(got, p.baselines["eager"](to_torch(data.inputs))().numpy(), equal_nan=True)
+
+
+def test_a_model_without_a_float64_forward_gets_no_bound_from_torch_and_says_so(tmp_path):
+    from swarmfactory.harness.verify import expected_for
+
+    p = kb_file(tmp_path, "kb_bits_abs", BITS_ABS)
+    assert p.torch_error_multiple == 0 and "no float64 forward" in p.note
+    data = expected_for(p, p.make_inputs(p.workload[0], np.random.default_rng(0), "normal"))
+    assert data.torch_error == {}
+
+
+def test_a_loss_verifies_with_its_error_as_a_multiple_of_torchs_in_the_evidence(tmp_path, harness):
+    p = kb_file(tmp_path, "kb_mse", MSE)
+    blocked = """
+#include <stdint.h>
+void kb_mse(const float *in0, const float *in1, float *out0) {
+    double s = 0.0;
+    for (int r = 0; r < 64; r++) {
+        float acc = 0.0f;
+        for (int c = 0; c < 512; c++) { const float d = in0[r * 512 + c] - in1[r * 512 + c]; acc += d * d; }
+        s += acc;
+    }
+    *out0 = (float)(s / (64.0 * 512.0));
+}
+"""
+    v = harness.evaluate(p, blocked, measure=False)
+    assert v.outcome.value == "verified", v.detail
+    assert 0 < v.evidence["error_vs_torch"] <= 16
+    # the last row left out: about 0.1% off, inside KernelBench's 1e-2, far beyond torch's error
+    most = blocked.replace("r < 64; r++", "r < 63; r++").replace("64.0 * 512.0", "63.0 * 512.0")
+    v = harness.evaluate(p, most, measure=False)
+    assert v.outcome.value == "wrong" and "torch fp32's own" in v.detail, v.detail

@@ -123,3 +123,16 @@ def test_bad_config_file_gives_a_one_line_error(tmp_path):
                            "--store", str(tmp_path / "e.db")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "unknown config key 'budgte'" in proc.stderr.strip()
+
+
+def test_a_drawn_model_shape_that_breaks_a_kernel_becomes_a_permanent_case(tmp_path):
+    """The validation set improves itself: a full-size model shape drawn for one evaluation that
+    breaks the candidate is kept as a found case, so every later evaluation runs it."""
+    store = Store(str(tmp_path / "e.db"))
+    cfg = RunConfig.build(problems=str(DATA / "wide_rows_problem.py"), budget=1, agents="seed", **FAST)
+    run_id = Coordinator(cfg, store).run()
+    [ev] = search_evals(store, run_id)
+    assert ev["outcome"] == "wrong" and "5120" in ev["detail"], ev["detail"]
+    assert ev["evidence"]["model_draw"]["draw"] == 0
+    found = store.found_cases("rmsnorm")
+    assert [(r["found_by"], r["shape"]) for r in found] == [("model-draw", {"rows": 1, "cols": 5120})]

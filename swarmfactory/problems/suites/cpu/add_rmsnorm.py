@@ -3,6 +3,7 @@ and y = h / sqrt(mean(h^2) + eps) * w (the next sublayer's input)."""
 
 from pathlib import Path
 
+from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform
 
 HIDDEN, HIDDEN_LARGE = 576, 2048  # SmolLM2-135M, SmolLM2-1.7B
@@ -69,6 +70,8 @@ PROBLEM = Problem(
     reference=reference,
     baselines={"add+F.rms_norm": baseline_add_rms_norm},
     eager=eager_by_hand,
+    # as rmsnorm: a row's fp32 sum of squares in any order (harness/verify.py)
+    fp32_sum_terms=lambda inputs: int(inputs["cols"]),
     tolerance=Tolerance(1e-4, 1e-4, "h is one fp32 add (half an ulp); y as rmsnorm: the kernel "
                                     "may reorder the fp32 sum of squares (vectorised, multiple "
                                     "accumulators), ~1e-5 relative over 1e4 terms"),
@@ -80,6 +83,8 @@ PROBLEM = Problem(
                  {"rows": 1, "cols": 64}),
     stress_shapes=({"rows": 1, "cols": 16384}, {"rows": 2, "cols": 65536}, {"rows": 512, "cols": HIDDEN}),
     param_ranges={"eps": EPS},
+    model_shapes=models.rows_cols(models.HIDDEN),
+    model_draws=models.rows_cols_draws(lambda i, m: ((m.hidden, 1),)),
     dists=("normal", "uniform", "large", "tiny", "constant", "alternating", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("add_rmsnorm.c.j2")).read_text(),

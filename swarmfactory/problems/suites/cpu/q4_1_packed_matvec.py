@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from swarmfactory.engine.native_layout import QK, REC_Q4_1, ROWS, pack_records, quantize_rows, unpack_q4_1
+from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 from swarmfactory.problems.suites.cpu.q4_1_matmul import make_blocks
 
@@ -134,6 +135,11 @@ PROBLEM = Problem(
                "torch_int4pack_mm_bf16": baseline_int4pack_bf16,
                "dequant_F.linear": baseline_dequant_linear},
     eager=eager_by_hand,
+    # torch's own fp32 error (harness/verify.py): the weights dequantised to fp32, then an fp32
+    # matmul; not the first baseline (torch's int4 kernel needs n % 16 == 0)
+    fp32_torch=baseline_dequant_linear,
+    # a dot product of k terms (block sums and offsets) in any order: see q4_1_matmul
+    fp32_sum_terms=lambda inputs: int(inputs["k"]),
     shape_constraint=lambda s: s["k"] % QK == 0,
     # The block dot products are exact (int32); what differs from the float64 reference is the
     # fp32 arithmetic around them: d_w * d_x rounded, one fma per block into an fp32 sum of up
@@ -154,6 +160,8 @@ PROBLEM = Problem(
                  {"n": 17, "k": 576, "batch": 33}),
     stress_shapes=({"n": 4 * FFN, "k": DIM, "batch": 1}, {"n": DIM, "k": FFN, "batch": 64},
                    {"n": 7, "k": 16384, "batch": 3}),
+    model_shapes=models.matmul_sample(),
+    model_draws=models.matmul_draws(),
     # x enters linearly and is quantised per block: a "large" x only rescales xd and xs
     dists=("normal", "uniform", "tiny", "special"),
     roofline=roofline,

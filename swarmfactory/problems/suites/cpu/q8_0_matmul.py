@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 HIDDEN, INTERMEDIATE, HIDDEN_LARGE = 576, 1536, 2048  # SmolLM2-135M; SmolLM2-1.7B's hidden
@@ -117,6 +118,8 @@ PROBLEM = Problem(
     baselines={"dequant_F.linear": baseline_dequant_linear,
                "dequant_F.linear_bf16": baseline_dequant_linear_bf16},
     eager=eager_by_hand,
+    # a dot product of k terms in any order: see q4_1_matmul
+    fp32_sum_terms=lambda inputs: int(inputs["k"]),
     shape_constraint=lambda s: s["k"] % QK == 0,
     tolerance=Tolerance(1e-4, 1e-4, "a dot product of up to 16384 fp32 terms in any order (vector "
                                     "lanes, per-block partial sums scaled by d); outputs are O(1), "
@@ -133,6 +136,8 @@ PROBLEM = Problem(
                  {"n": 65, "k": 32, "batch": 1}),
     stress_shapes=({"n": 4 * INTERMEDIATE, "k": HIDDEN, "batch": 1},
                    {"n": HIDDEN, "k": INTERMEDIATE, "batch": 32}, {"n": 7, "k": 16384, "batch": 3}),
+    model_shapes=models.matmul_sample(),
+    model_draws=models.matmul_draws(),
     # x enters linearly, so a "large" x only rescales the outputs and the fp32 error with them
     dists=("normal", "uniform", "tiny", "special"),
     roofline=roofline,

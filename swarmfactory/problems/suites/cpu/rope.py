@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform, with_specials
 
 HEADS, KV_HEADS, HEAD_DIM, THETA = 9, 3, 64, 100000.0  # SmolLM2-135M
@@ -99,6 +100,8 @@ PROBLEM = Problem(
                  {"tokens": 1, "heads": 1, "head_dim": 64}, {"tokens": 2, "heads": 1, "head_dim": 256}),
     stress_shapes=({"tokens": 512, "heads": HEADS, "head_dim": HEAD_DIM},
                    {"tokens": 3, "heads": 2, "head_dim": 4096}),
+    model_shapes=models.rope_sample(),
+    model_draws=models.rope_draws(),
     dists=("normal", "uniform", "tiny", "large", "alternating", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("rope.c.j2")).read_text(),

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 VOCAB = 49152  # SmolLM2-135M
@@ -73,6 +74,11 @@ PROBLEM = Problem(
                  {"rows": 1, "cols": 16411}, {"rows": 3, "cols": 50021}, {"rows": 2, "cols": 1023},
                  {"rows": 1, "cols": 257}),
     stress_shapes=({"rows": 2, "cols": 65536}, {"rows": 1, "cols": 4 * VOCAB}, {"rows": 288, "cols": SCORES}),
+    # vocabularies (logits, a few rows) and attention scores (context widths, rows of heads)
+    model_shapes=models.unique(models.rows_cols(models.VOCAB, (1, 2, 3)),  # one row where a vocabulary is > 1 MB
+                               models.rows_cols(models.CONTEXTS, models.BATCHES + models.HEADS)),
+    model_draws=models.rows_cols_draws(lambda i, m: ((m.vocab, 1),
+                                                     (models.CONTEXTS[i % len(models.CONTEXTS)], m.heads))),
     dists=("normal", "uniform", "large", "tiny", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("softmax.c.j2")).read_text(),

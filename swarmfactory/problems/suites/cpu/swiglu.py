@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 INTERMEDIATE = 1536  # SmolLM2-135M
@@ -57,6 +58,8 @@ PROBLEM = Problem(
     edge_shapes=({"n": 17}, {"n": 1}, {"n": 7}, {"n": 31}, {"n": 577}, {"n": 4099},
                  {"n": 65537}, {"n": 1023}, {"n": 257}),
     stress_shapes=({"n": 4 * 128 * INTERMEDIATE}, {"n": 1 << 16}),
+    model_shapes=tuple({"n": n} for n in models.INTERMEDIATE),
+    model_draws=models.flat_draws(lambda m: m.intermediate),
     dists=("normal", "uniform", "large", "tiny", "alternating", "special"),
     roofline=roofline,
     template=(Path(__file__).with_name("swiglu.c.j2")).read_text(),
