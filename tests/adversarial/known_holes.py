@@ -10,8 +10,9 @@ is fixed: the test then holds the line.
 KNOWN_HOLES: dict[str, str] = {
     # -- tests/adversarial/<problem>/*.c ------------------------------------------------------
     "swiglu/skips_calls_by_counting":
-        "skipping work early in each timed run without any clock (counting calls, after learning "
-        "the shortest run) is caught only when an audit happens to stop inside the skipped stretch",
+        "not a hole any more in the sense that matters (audits now stop at moments of the trusted "
+        "clock's choosing, so they land in the faked stretch: `cheated` in 2 of 3 runs), but when "
+        "no audit happens to, the kernel is slower than torch anyway: `not_faster`; `faster` never",
     "rmsnorm/predicts_mutations":
         "not a hole any more (trusted probes written during each run make a kernel that only "
         "patches the driver's predicted mutations wrong), but the outcome is `cheated` when it is "
