@@ -195,7 +195,7 @@ class Harness:
     def _verify_pass(self, prep: Prepared, cases: list[Case], threads: int) -> int:
         problem = prep.problem
         shapes = {slot_key(c.shape): c.shape for c in cases}
-        arena = Arena(sum(group_bytes(problem, s, 1, False) for s in shapes.values()),
+        arena = Arena(sum(group_bytes(problem, s, 1, 0) for s in shapes.values()),
                       seed=int.from_bytes(os.urandom(4), "little"))
         try:
             layout = {k: SlotGroup(arena, problem, s, first=0, n=1) for k, s in shapes.items()}
@@ -285,7 +285,7 @@ class Harness:
         for shape in shapes:
             slot_bytes = group_bytes(problem, shape, 1, False)
             sync = max(1, min(cfg.max_slots, per_shape // slot_bytes))
-            total += group_bytes(problem, shape, cfg.rotate, True) + group_bytes(problem, shape, sync, True)
+            total += group_bytes(problem, shape, cfg.rotate, 2) + group_bytes(problem, shape, sync, 2)
         arena = Arena(min(total, ARENA_BUDGET + (64 << 20)), seed=int(rng.integers(1 << 31)))
         try:
             with self._process(prep.artifact, problem, arena, "measure") as proc:

@@ -61,17 +61,26 @@ class CandidateTimer:
 
     # -- layout and calibration ---------------------------------------------------------------
     def _new_group(self, shape, n: int) -> SlotGroup:
-        """``n`` input sets of ``shape``: the first from the workload's distribution, the others
-        (and the donors) from distributions drawn at random, special values included."""
-        donors = self.problem.case_inputs(Case(dict(shape), seed=int(self.rng.integers(1 << 40)),
-                                               dist=self._dist()))
+        """``n`` input sets of ``shape``, alternating between the timed distributions (each set
+        mutated from a donor of its own distribution, so no input mixes two)."""
+        dists = self.timed_dists()
+        donors = [self.problem.case_inputs(Case(dict(shape), seed=int(self.rng.integers(1 << 40)), dist=d))
+                  for d in dists[:n]]
         group = SlotGroup(self.arena, self.problem, shape, self.next_slot, n, donors=donors)
         self.next_slot += n
         for j in range(n):
-            dist = self.problem.dists[0] if j == 0 else self._dist()
-            case = Case(dict(shape), seed=int(self.rng.integers(1 << 40)), dist=dist)
+            case = Case(dict(shape), seed=int(self.rng.integers(1 << 40)), dist=dists[group.donor_kind(j)])
             group.load(j, self.problem.case_inputs(case))
         return group
+
+    def timed_dists(self) -> tuple[str, ...]:
+        """The value distributions timed sets alternate between: the workload's, and the one with
+        special values (NaN, -inf masks, denormals) where the problem has it, else its second:
+        a kernel cannot tell timing from verification by its inputs, and the same two every
+        time (a figure must not depend on a lottery of distributions)."""
+        dists = self.problem.dists
+        other = "special" if "special" in dists else dists[min(1, len(dists) - 1)]
+        return (dists[0], other)
 
     def add_group(self, shape, i: int, n: int) -> SlotGroup:
         self.groups[i] = self._new_group(shape, n)
@@ -131,10 +140,10 @@ class CandidateTimer:
         call, a share of the donor they are rewritten from (fresh values from another draw)."""
         for a in self._mutated_args(group):
             if a.name in group.full:
-                self._refresh_donor(group, a)
+                self._refresh_donor(group, a, group.donor_kind(j))
                 continue
             units = self._units(group.copies[j][a.name], a)
-            donor = self._units(group.donors[a.name][1], a)
+            donor = self._units(group.donor(j, a.name)[1], a)
             k = int(min(len(units), max(2, self.h.config.refresh * len(units))))
             at = self.rng.integers(0, len(units), k)
             units[at] = donor[self.rng.integers(0, len(donor), k)]
@@ -142,21 +151,16 @@ class CandidateTimer:
                                                    group.bufs[j][a.name].offset + group.bufs[j][a.name].nbytes], a)
             arena[at] = units[at]
 
-    def _refresh_donor(self, group: SlotGroup, a) -> None:
-        buf, donor = group.donors[a.name]
+    def _refresh_donor(self, group: SlotGroup, a, kind: int) -> None:
+        buf, donor = group.donor_sets[kind][a.name]
         fresh = self.problem.case_inputs(Case(dict(group.shape), seed=int(self.rng.integers(1 << 40)),
-                                              dist=self._dist()))
+                                              dist=self.timed_dists()[kind]))
         units = self._units(donor, a)
         new = self._units(np.ascontiguousarray(fresh[a.name], dtype=NP_DTYPES[a.dtype]), a)
         k = int(min(len(units), max(2, 4 * self.h.config.refresh * len(units))))
         at = self.rng.integers(0, len(units), k)
         units[at] = new[at]
         self.arena.write(buf, donor)
-
-    def _dist(self) -> str:
-        """A value distribution for timed inputs, drawn as verification draws them: a kernel must
-        not learn from its inputs' values whether it is being timed (special values included)."""
-        return str(self.rng.choice(list(self.problem.dists)))
 
     def _prober(self, group: SlotGroup, log: list[Probe]):
         """Trusted writes while the candidate runs: a fresh unit into a random set's input, or,
@@ -167,13 +171,14 @@ class CandidateTimer:
 
         def probe() -> None:
             a = args[int(self.rng.integers(len(args)))]
-            donor = self._units(group.donors[a.name][1], a)
+            j = int(self.rng.integers(group.n))
+            donor = self._units(group.donor(j, a.name)[1], a)
             value = donor[int(self.rng.integers(len(donor)))].copy()
-            if a.name in group.full:
-                j, buf = -1, group.donors[a.name][0]
-                value = self._units(self._fresh_values(group, a), a)[int(self.rng.integers(len(donor)))]
+            if a.name in group.full:  # into the donor set j is rewritten from: slot -1 - kind
+                kind = group.donor_kind(j)
+                j, buf = -1 - kind, group.donor_sets[kind][a.name][0]
+                value = self._units(self._fresh_values(group, a, kind), a)[int(self.rng.integers(len(donor)))]
             else:
-                j = int(self.rng.integers(group.n))
                 buf = group.bufs[j][a.name]
             u = int(self.rng.integers(buf.nbytes // value.size))
             before = int(counter[0])
@@ -182,13 +187,14 @@ class CandidateTimer:
 
         return probe if args else None
 
-    def _fresh_values(self, group: SlotGroup, a) -> np.ndarray:
-        """Valid values of input ``a`` that the donor does not hold (another draw), kept per group."""
-        if a.name not in group.fresh:
+    def _fresh_values(self, group: SlotGroup, a, kind: int) -> np.ndarray:
+        """Valid values of input ``a`` that donor ``kind`` does not hold (another draw of its
+        distribution), kept per group."""
+        if (a.name, kind) not in group.fresh:
             draw = self.problem.case_inputs(Case(dict(group.shape), seed=int(self.rng.integers(1 << 40)),
-                                                 dist=self._dist()))
-            group.fresh[a.name] = np.ascontiguousarray(draw[a.name], dtype=NP_DTYPES[a.dtype])
-        return group.fresh[a.name]
+                                                 dist=self.timed_dists()[kind]))
+            group.fresh[(a.name, kind)] = np.ascontiguousarray(draw[a.name], dtype=NP_DTYPES[a.dtype])
+        return group.fresh[(a.name, kind)]
 
     # -- samples --------------------------------------------------------------------------------
     def sample(self, s: dict, always_check: bool) -> float | None:
@@ -223,7 +229,7 @@ class CandidateTimer:
                            f"{ns / 1e6:.2f} ms on {where}, more than one per {MIN_CALL_NS:g} ns: "
                            "the counter was forged", "measure")
         for j in range(group.n):
-            self._check_async_set(group, j, seed, calls, [p for p in probes if p.slot in (j, -1)],
+            self._check_async_set(group, j, seed, calls, [p for p in probes if p.slot in (j, -1 - group.donor_kind(j))],
                                   f"{where} (set {j}, {calls} calls)", always_check)
         self._settle_donors(group, probes, where)
         self.proc.halt(self.timeout, "measure")
@@ -235,7 +241,7 @@ class CandidateTimer:
     def _check_async_set(self, group: SlotGroup, j: int, seed: int, calls: int, probes: list[Probe],
                          where: str, always_check: bool) -> None:
         """Set ``j`` after a run of ``calls`` completed calls; ``probes`` are those on set ``j``
-        and those on the donors (``slot`` -1), in order.
+        and those on the donors it is rewritten from (``slot`` -1 - its donor kind), in order.
 
         Its final inputs must be the driver's mutations and the probes applied in counter order
         (the call in flight at the stop, if it is this set's, may or may not have mutated yet);
@@ -261,13 +267,13 @@ class CandidateTimer:
             applied = 0
             for p in sorted((p for p in on_set if visible(p)), key=lambda p: p.before):
                 seg = idx[applied:][idx[applied:] < p.before]
-                self._replay_into(group, arrays, seed, seg)
+                self._replay_into(group, j, arrays, seed, seg)
                 applied += len(seg)
                 self._units(arrays[p.arg], args[p.arg])[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
-            self._replay_into(group, arrays, seed, idx[applied:])
+            self._replay_into(group, j, arrays, seed, idx[applied:])
             if len(idx):  # whole rewrites: the last call's, from the donor that call read
                 for name in group.full:
-                    donor = self._donor_at(group, args[name], int(idx[-1]), on_donors)
+                    donor = self._donor_at(group, j, args[name], int(idx[-1]), on_donors)
                     if donor is None:
                         arrays[name] = None  # a probe on the donor raced that call
                         continue
@@ -307,10 +313,11 @@ class CandidateTimer:
         inputs = {**group.inputs(j, copy=False), **seen}
         self._check_outputs(group, j, inputs, where, always_check)
 
-    def _donor_at(self, group: SlotGroup, arg, call: int, probes: list[Probe]) -> np.ndarray | None:
-        """The donor units of ``arg`` as call ``call`` read them: the run's starting donor with the
-        probes that ended before that call began; None if one was under way around it."""
-        units = self._units(group.donors[arg.name][1].copy(), arg)
+    def _donor_at(self, group: SlotGroup, j: int, arg, call: int, probes: list[Probe]) -> np.ndarray | None:
+        """The donor units set ``j``'s ``arg`` is rewritten from, as call ``call`` read them: the
+        run's starting donor with the probes that ended before that call began; None if one was
+        under way around it."""
+        units = self._units(group.donor(j, arg.name)[1].copy(), arg)
         for p in sorted((p for p in probes if p.arg == arg.name), key=lambda p: p.before):
             if p.after < call:
                 units[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
@@ -322,15 +329,18 @@ class CandidateTimer:
         """After a run: the donors of whole rewrites hold exactly the starting values and the
         probes written into them (anything else is the candidate writing to its future inputs);
         the trusted copies take the probes."""
-        for name in group.full:
-            arg = next(a for a in self.problem.args if a.name == name)
-            buf, donor = group.donors[name]
-            units = self._units(donor, arg)
-            for p in sorted((p for p in probes if p.slot < 0 and p.arg == name), key=lambda p: p.before):
-                units[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
-            if not np.array_equal(self.arena.read(buf), donor.reshape(-1).view(np.uint8)):
-                raise Rejected(Outcome.CHEATED, f"while timed on {where}, the values the harness rewrites "
-                               f"`{name}` from were changed: the kernel wrote outside its outputs", "measure")
+        for kind, donors in enumerate(group.donor_sets):
+            for name in group.full:
+                arg = next(a for a in self.problem.args if a.name == name)
+                buf, donor = donors[name]
+                units = self._units(donor, arg)
+                for p in sorted((p for p in probes if p.slot == -1 - kind and p.arg == name),
+                                key=lambda p: p.before):
+                    units[p.unit] = np.frombuffer(p.value, dtype=np.uint8)
+                if not np.array_equal(self.arena.read(buf), donor.reshape(-1).view(np.uint8)):
+                    raise Rejected(Outcome.CHEATED, f"while timed on {where}, the values the harness "
+                                   f"rewrites `{name}` from were changed: the kernel wrote outside its "
+                                   "outputs", "measure")
 
     def _torn(self, group: SlotGroup, seed: int, calls: int, arg, expected: np.ndarray,
               now: np.ndarray, after: np.ndarray) -> bool:
@@ -363,13 +373,13 @@ class CandidateTimer:
         dst, _ = mutation_indices(seed, window, rank, count, donor_count, group.rows.get(p.arg, 1))
         return bool((dst == p.unit).any())
 
-    def _replay_into(self, group: SlotGroup, arrays: dict, seed: int, calls: np.ndarray) -> None:
+    def _replay_into(self, group: SlotGroup, j: int, arrays: dict, seed: int, calls: np.ndarray) -> None:
         if not len(calls):
             return
         from swarmfactory.harness.arena import replay
 
         for rank, a in enumerate(self._mutated_args(group)):
-            replay(self._units(arrays[a.name], a), self._units(group.donors[a.name][1], a), seed, calls, rank,
+            replay(self._units(arrays[a.name], a), self._units(group.donor(j, a.name)[1], a), seed, calls, rank,
                    full=a.name in group.full, rows=group.rows.get(a.name, 1))
 
     def _sync(self, group: SlotGroup, seed: int, where: str, always_check: bool) -> float:

@@ -48,12 +48,13 @@ def _nbytes(problem: Problem, arg, inputs_or_shapes) -> int:
     return int(np.prod(shape)) * np.dtype(NP_DTYPES[arg.dtype]).itemsize
 
 
-def group_bytes(problem: Problem, shape, n: int, donors: bool) -> int:
-    """Arena data bytes a ``SlotGroup`` of ``n`` slots of ``shape`` needs."""
+def group_bytes(problem: Problem, shape, n: int, donors: int) -> int:
+    """Arena data bytes a ``SlotGroup`` of ``n`` slots of ``shape`` with ``donors`` donor draws
+    needs."""
     sizes = arg_sizes(problem, shape)
     per_slot = sum(buffer_span(b) for b in sizes.values())
-    donor = sum(buffer_span(sizes[a.name]) for a in problem.args if a.kind == "in") if donors else 0
-    return n * per_slot + donor
+    donor = sum(buffer_span(sizes[a.name]) for a in problem.args if a.kind == "in")
+    return n * per_slot + int(donors) * donor
 
 
 def arg_sizes(problem: Problem, shape) -> dict[str, int]:
@@ -86,7 +87,12 @@ _SIZES: dict[tuple, tuple[dict, dict]] = {}
 
 
 class SlotGroup:
-    def __init__(self, arena: Arena, problem: Problem, shape, first: int, n: int, donors: dict | None = None):
+    """``n`` slots of one shape; with ``donors`` (one draw, or a list of draws), the values the
+    driver mutates the inputs from: slot ``i`` takes them from draw ``i % len(donors)``, so a
+    set and what it is mutated from always come from the same value distribution."""
+
+    def __init__(self, arena: Arena, problem: Problem, shape, first: int, n: int,
+                 donors: dict | list[dict] | None = None):
         self.arena, self.problem, self.shape, self.first, self.n = arena, problem, dict(shape), first, n
         sizes = arg_sizes(problem, shape)
         self.out_shapes = problem.output_shapes(self.shape)
@@ -95,16 +101,31 @@ class SlotGroup:
             for _ in range(n)]
         self.copies: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
         self.scalars: list[dict] = [{} for _ in range(n)]
-        self.donors: dict[str, tuple[Buffer, np.ndarray]] = {}
-        self.full, self.rows = mutation_plan(problem, shape) if donors is not None else (set(), {})
-        self.fresh: dict[str, np.ndarray] = {}  # values for probes into donors (sampling.py)
-        if donors is not None:
+        draws = [] if donors is None else [donors] if isinstance(donors, dict) else list(donors)
+        self.donor_sets: list[dict[str, tuple[Buffer, np.ndarray]]] = []
+        self.full, self.rows = mutation_plan(problem, shape) if draws else (set(), {})
+        self.fresh: dict[tuple, np.ndarray] = {}  # values for probes into donors (sampling.py)
+        for draw in draws:
+            kept = {}
             for a in problem.args:
                 if a.kind == "in":
-                    arr = np.ascontiguousarray(donors[a.name])
+                    arr = np.ascontiguousarray(draw[a.name])
                     buf = arena.alloc(arr.nbytes)
                     arena.write(buf, arr)
-                    self.donors[a.name] = (buf, arr)
+                    kept[a.name] = (buf, arr)
+            self.donor_sets.append(kept)
+
+    @property
+    def donors(self) -> dict[str, tuple[Buffer, np.ndarray]]:
+        """The first donor draw (its keys: the inputs that are mutated)."""
+        return self.donor_sets[0] if self.donor_sets else {}
+
+    def donor_kind(self, i: int) -> int:
+        return i % len(self.donor_sets)
+
+    def donor(self, i: int, name: str) -> tuple[Buffer, np.ndarray]:
+        """(buffer, trusted copy) of the donor slot ``i``'s input ``name`` is mutated from."""
+        return self.donor_sets[self.donor_kind(i)][name]
 
     # -- writing ----------------------------------------------------------------------------------
     def load(self, i: int, inputs: dict, poison: float = float("nan")) -> None:
@@ -136,7 +157,7 @@ class SlotGroup:
                 count = buf.nbytes // unit if unit else 0
                 donor_off = donor_count = 0
                 if a.kind == "in" and a.name in self.donors:
-                    dbuf, _ = self.donors[a.name]
+                    dbuf, _ = self.donor(i, a.name)
                     donor_off, donor_count = dbuf.offset, dbuf.nbytes // unit
                 kind = "in_full" if a.name in self.full else a.kind
                 rows.append((KINDS[kind], unit, buf.offset, count, donor_off, donor_count,
@@ -171,7 +192,7 @@ class SlotGroup:
             item = np.dtype(NP_DTYPES[a.dtype]).itemsize * a.block
             arr = self.copies[i][a.name].copy()
             units = arr.reshape(-1).view(np.uint8).reshape(-1, item)
-            donor = self.donors[a.name][1].reshape(-1).view(np.uint8).reshape(-1, item)
+            donor = self.donor(i, a.name)[1].reshape(-1).view(np.uint8).reshape(-1, item)
             replay(units, donor, seed, calls, rank, full=a.name in self.full, rows=self.rows.get(a.name, 1))
             out[a.name] = arr
             rank += 1

@@ -192,15 +192,22 @@ def test_a_kernel_exact_only_at_the_verification_thread_count_is_wrong():
     assert v.outcome is Outcome.WRONG, v.detail
 
 
-def test_timed_inputs_are_drawn_like_verification_special_values_included():
+def test_timed_inputs_hold_special_values_and_each_set_is_mutated_from_its_own_distribution():
     from swarmfactory.harness.sampling import CandidateTimer
 
     p = load_problem("softmax")
     h = Harness(HarnessConfig(**BASE))
-    timer = CandidateTimer(h, None, None, p, np.random.default_rng(1), 10.0)
-    drawn = {timer._dist() for _ in range(200)}
-    assert drawn == set(p.dists) and "special" in drawn
-    h.close()
+    shape = {"rows": 9, "cols": 512}
+    arena = Arena(group_bytes(p, shape, 2, 2), seed=1)
+    try:
+        timer = CandidateTimer(h, None, arena, p, np.random.default_rng(1), 10.0)
+        assert timer.timed_dists() == ("normal", "special")
+        group = timer.add_group(shape, 0, 2)
+        assert not np.isnan(group.copies[0]["x"]).any() and np.isinf(group.copies[1]["x"]).any()
+        assert not np.isinf(group.donor(0, "x")[1]).any() and np.isinf(group.donor(1, "x")[1]).any()
+    finally:
+        arena.close()
+        h.close()
 
 
 # -- 3. floating-point state on every thread ---------------------------------------------------
