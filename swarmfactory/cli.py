@@ -37,7 +37,7 @@ STORE_DEFAULT = f"$SWARMFACTORY_STORE, else {DEFAULT_STORE}"
 READ_STORE_HELP = STORE_HELP + "; must already exist" + _dflt(STORE_DEFAULT)
 WRITE_STORE_HELP = STORE_HELP + "; created if missing (not its folder)" + _dflt(STORE_DEFAULT)
 # RunConfig's defaults, shown in --help without importing pydantic (a test keeps them equal).
-RUN_DEFAULTS = {"agents": "default", "parallel": 2, "rounds": 20, "seed": 0, "llm_cost_cap": 5.0,
+RUN_DEFAULTS = {"agents": "default", "parallel": 2, "rounds": 20, "objective": "weighted", "seed": 0, "llm_cost_cap": 5.0,
                 "llm_concurrency": 1, "llm_timeout_s": 180.0, "llm_max_tokens": 1500, "executor": "local",
                 "lease_s": 120.0}
 
@@ -48,6 +48,9 @@ def _d(key: str) -> str:
 
 
 JSON_HELP = "print one JSON object on stdout instead of tables"
+OBJECTIVES = ("weighted", "geomean", "worst")  # harness/verdicts.py (kept here: --help imports no harness)
+OBJECTIVE_HELP = ("what `faster` means across the workload shapes: weighted (the problem's call mix, and no "
+                  "shape significantly slower), geomean (flags slower shapes), worst (the slowest shape)")
 WIDE_HELP = "every column (eager ratio, roofline, rejected verdicts by kind, ...), at full width"
 DEBUG_HELP = "show the traceback instead of a one-line error"
 ENGINE_HELP = "serve, generate with and benchmark the inference engine"
@@ -192,6 +195,7 @@ def eval_cmd(
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     rounds: int = typer.Option(20, metavar="N", help="interleaved timing rounds per shape (>= 3)"),
+    objective: str = typer.Option("weighted", "--objective", metavar="|".join(OBJECTIVES), help=OBJECTIVE_HELP),
     compile_baselines: bool = typer.Option(True, help="also time torch.compile'd baselines"),
     debug: bool = _debug_option(),
 ):
@@ -200,6 +204,8 @@ def eval_cmd(
         fail(f"kernel file not found: {source}")
     if rounds < 3:
         fail("--rounds must be at least 3")
+    if objective not in OBJECTIVES:
+        fail(f"--objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
     from swarmfactory.api import evaluate
     from swarmfactory.harness.evaluate import HarnessConfig
     from swarmfactory.problems import load_problem
@@ -209,7 +215,8 @@ def eval_cmd(
     _announce(st)
     text = source.read_text(errors="replace")
     with err.status(f"evaluating {source.name} on {prob.name} (build, verify, measure)..."):
-        res = evaluate(prob, text, st, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines))
+        res = evaluate(prob, text, st, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines,
+                                                          objective=objective))
     if as_json:
         print(json.dumps(res, default=str))
         return
@@ -220,7 +227,7 @@ def _print_verdict(res: dict) -> None:
     from swarmfactory.ui import compact_table, num, shape_text, speedup_ci
 
     color = {"faster": "green", "not_faster": "yellow", "verified": "yellow",
-             "needs_device": "yellow"}.get(res["outcome"], "red")
+             "needs_device": "yellow", "inconclusive": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
               f"evaluation {res['evaluation_id']}")
     out.print(res["detail"], markup=False)
@@ -238,6 +245,22 @@ def _print_verdict(res: dict) -> None:
                   f"{res['cases_checked']} validation cases passed", markup=False)
     for flag in res.get("flags", []):
         out.print(f"[yellow]flag:[/] {flag}")
+    ev = res.get("evidence") or {}
+    c = ev.get("contention")
+    if c:
+        line = (f"contention: the timed code waited for a CPU {c['suffered']:.0%} of its time "
+                f"(worst round {c['worst']:.0%}; {c['disturbed_rounds']} of {c['rounds']} rounds disturbed and "
+                f"replaced; waited {c['waited_s']:.0f} s for a quieter machine)")
+        out.print(line, markup=False)
+        if c.get("busy"):
+            out.print("[yellow]warning:[/] measured on a busy machine: this figure is not evidence; "
+                      "measure again when the machine is quieter")
+    if ev.get("basis"):
+        b = ev["basis"]
+        disp = f"; a Python call's dispatch here: {b['dispatch_us']} us" if b.get("dispatch_us") else ""
+        out.print(f"basis: the kernel {b['candidate']}; the baseline {b['baseline']}{disp}", markup=False)
+    if res.get("champion_change"):
+        out.print(f"title: {res['champion_change']}", markup=False)
 
 
 @app.command("run")
@@ -261,6 +284,8 @@ def run_cmd(
                                            help="evaluations in flight (one measures at a time)" + _d("parallel")),
     rounds: Optional[int] = typer.Option(None, "--rounds", metavar="N",
                                          help="interleaved timing rounds per shape (>= 3)" + _d("rounds")),
+    objective: Optional[str] = typer.Option(None, "--objective", metavar="|".join(OBJECTIVES),
+                                            help=OBJECTIVE_HELP + _d("objective")),
     compile_baselines: Optional[bool] = typer.Option(None, "--compile-baselines/--no-compile-baselines",
                                                      help="also time torch.compile'd baselines" + _dflt("on")),
     seed: Optional[int] = typer.Option(None, "--seed", metavar="N",
@@ -303,7 +328,7 @@ def run_cmd(
 
     try:
         overrides = {"problems": problems, "budget": budget, "time_s": parse_duration(time_budget),
-                     "agents": agents, "parallel": parallel, "rounds": rounds,
+                     "agents": agents, "parallel": parallel, "rounds": rounds, "objective": objective,
                      "compile_baselines": compile_baselines, "seed": seed, "llm": llm or None,
                      "llm_model": llm_model, "llm_cost_cap": llm_cost_cap,
                      "llm_concurrency": llm_concurrency, "llm_timeout_s": llm_timeout,

@@ -42,6 +42,8 @@ class RunConfig(BaseModel):
     parallel: int = Field(2, ge=1, le=64, description="evaluations in flight (one measures at a time)")
     rounds: int = Field(20, ge=3)
     min_effect: float = Field(0.03, ge=0)
+    objective: Literal["weighted", "geomean", "worst"] = Field(
+        "weighted", description="what `faster` means across the workload shapes (harness/verdicts.py)")
     compile_baselines: bool = True
     remeasure_champions: bool = True
     seed: int = 0

@@ -26,12 +26,14 @@ from swarmfactory.backends.base import Artifact, CheatError
 from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool
 from swarmfactory.harness.candidate import CandidateProcess
-from swarmfactory.harness.outcome import Outcome, Rejected, ShapeTiming, Verdict
-from swarmfactory.harness.roofline import fraction, measure_roofs, remeasure
+from swarmfactory.harness.outcome import Outcome, Rejected, Verdict
+from swarmfactory.harness.roofline import measure_roofs, remeasure
 from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
 from swarmfactory.harness.static import check_source
-from swarmfactory.harness.timing import calibrate, geomean, median_ci, sample
+from swarmfactory.harness.rounds import run_rounds
+from swarmfactory.harness.timing import calibrate
+from swarmfactory.harness.verdicts import OBJECTIVES, between_spread, decide, min_clean_rounds
 from swarmfactory.harness.verify import slot_key, verify
 from swarmfactory.problems.spec import Case, Problem
 
@@ -62,6 +64,11 @@ class HarnessConfig:
     seccomp: bool = True             # the system-call allow-list (the protection; tests may
     contain: bool = True             # switch a layer off to prove the next one holds)
     trace: bool = True               # read FP state and filters from outside (ptrace) where allowed
+    objective: str = "weighted"      # weighted | geomean | worst (harness/verdicts.py)
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}: one of {', '.join(OBJECTIVES)}")
 
     def cpus(self, which: str) -> list[int]:
         chosen = self.measure_cpus if which == "measure" else self.verify_cpus
@@ -88,6 +95,7 @@ class Harness:
         self._choices: dict[tuple, dict] = {}
         self._roofs: dict | None = None
         self._exchange_ns: float | None = None
+        self._dispatch: dict[int, float | None] = {}
         self.measure_lock = threading.Lock()
 
     # -- stages ---------------------------------------------------------------------------------
@@ -267,6 +275,19 @@ class Harness:
         verdict.evidence["first measurement"] = {"speedup": first.speedup, "why": why}
         return verdict
 
+    def _dispatch_ns(self, worker, timeout: float) -> float | None:
+        """What one call costs a Python caller around any op, in the baseline's own worker
+        (measured once per worker)."""
+        if id(worker) not in self._dispatch:
+            worker.thaw()
+            try:
+                self._dispatch[id(worker)] = float(worker.request({"op": "dispatch"}, timeout, "measure (dispatch)")["ns"])
+            except Rejected:
+                self._dispatch[id(worker)] = None
+            finally:
+                worker.freeze()
+        return self._dispatch[id(worker)]
+
     def _implausible(self, v: Verdict) -> bool:
         return v.speedup > self.config.suspicious_speedup or self._beyond_roof(v)
 
@@ -293,31 +314,15 @@ class Harness:
                 timer = CandidateTimer(self, proc, arena, problem, rng, timeout, audited=audited)
                 setups = [self._setup_shape(timer, problem, shape, i, per_shape, timeout)
                           for i, shape in enumerate(shapes)]
-                for r in range(cfg.rounds):
-                    for s in setups:
-                        # the eager reference only informs the "vs eager" column: every other round
-                        order = ["candidate", "baseline"] + (["reference"] if r % 4 in (0, 3) else [])
-                        if r % 2:
-                            order.reverse()
-                        for name in order:
-                            if name == "candidate":
-                                per_call = None
-                                while per_call is None:  # audits are checked, not timed
-                                    per_call = timer.sample(s, r in (0, cfg.rounds - 1))
-                                s["times"][name].append(per_call)
-                            else:
-                                w = s["workers"][name]
-                                w.thaw()
-                                try:
-                                    per_call, _ = sample(w, s["slots"], s["iters"][name], timeout,
-                                                         f"measure ({name})")
-                                finally:
-                                    w.freeze()
-                                s["times"][name].append(per_call)
+                pressure = (str(proc.containment.cgroup / "cpu.pressure")
+                            if proc.containment.cgroup is not None else None)
+                log = run_rounds(timer, setups, cfg.rounds, timeout, min_clean_rounds(cfg.rounds), pressure,
+                                 self.config.cpus("measure"))
                 proc.check_contained("measure")
         finally:
             arena.close()
-        return self._verdict(problem, setups, roofs)
+        return decide(problem, setups, log, roofs, cfg, slot_key, _baseline_label,
+                      between=between_spread(self.store, problem))
 
     def _setup_shape(self, timer: CandidateTimer, problem: Problem, shape, i: int,
                      per_shape: int, timeout: float) -> dict:
@@ -350,49 +355,8 @@ class Harness:
                 w.freeze()
         return {"shape": dict(shape), "group": group, "mode": mode, "slots": slots, "choice": choice,
                 "per_call": per_call, "window_s": window_ns * 1e-9,
+                "dispatch_ns": self._dispatch_ns(workers["baseline"], timeout),
                 "workers": workers, "iters": iters, "times": {"candidate": [], "baseline": [], "reference": []}}
-
-    def _verdict(self, problem: Problem, setups: list[dict], roofs: dict | None) -> Verdict:
-        cfg = self.config
-        shapes, round_ratios, beyond = [], [], []
-        for s in setups:
-            c = np.array(s["times"]["candidate"])
-            b = np.array(s["times"]["baseline"])
-            ref = np.array(s["times"]["reference"])
-            med, lo, hi = median_ci(b / c, cfg.bootstrap_resamples)
-            ref_ratio = float(np.median(ref) / np.median(c))
-            round_ratios.append(b / c)
-            frac = None
-            if roofs is not None:
-                rl = problem.roofline(s["shape"])
-                frac = fraction(roofs, rl.bytes, rl.flops, float(np.median(c)) * 1e-9)
-                if frac is None:  # faster than the roof allows: the roof, not the kernel, is wrong
-                    beyond.append(problem.shape_label(s["shape"]))
-                else:
-                    frac = min(frac, 1.0)
-            shapes.append(ShapeTiming(
-                shape=dict(s["shape"]), candidate_us=float(np.median(c)) / 1e3,
-                baseline_us=float(np.median(b)) / 1e3, reference_us=float(np.median(ref)) / 1e3,
-                speedup=med, ci_low=lo, ci_high=hi, vs_reference=ref_ratio,
-                roofline_fraction=frac))
-        per_round = np.exp(np.mean(np.log(np.vstack(round_ratios)), axis=0))
-        med, lo, hi = median_ci(per_round, cfg.bootstrap_resamples)
-        vs_ref = geomean([s.vs_reference for s in shapes])
-        fracs = [s.roofline_fraction for s in shapes if s.roofline_fraction]
-        baseline = ", ".join(sorted({_baseline_label(s["choice"]) for s in setups}))
-        faster = lo > 1.0 + cfg.min_effect
-        outcome = Outcome.FASTER if faster else Outcome.NOT_FASTER
-        detail = (f"{med:.3f}x the baseline [{lo:.3f}, {hi:.3f}] (geomean over {len(shapes)} shapes, "
-                  f"{cfg.rounds} interleaved rounds); {vs_ref:.2f}x the eager reference")
-        if not faster:
-            detail += f"; needs CI low > {1 + cfg.min_effect:.2f}"
-        evidence = {"timing": {slot_key(s["shape"]): {"mode": s["mode"], "sets": s["group"].n}
-                               for s in setups}}
-        if beyond:
-            evidence["beyond the measured roof"] = beyond
-        return Verdict(outcome, detail, "measure", speedup=med, ci_low=lo, ci_high=hi,
-                       vs_reference=vs_ref, roofline_fraction=geomean(fracs) if fracs else None,
-                       baseline=baseline, shapes=shapes, evidence=evidence)
 
     def close(self) -> None:
         self.baselines.close()

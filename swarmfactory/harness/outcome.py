@@ -16,11 +16,15 @@ class Outcome(str, Enum):
     FASTER = "faster"
     VERIFIED = "verified"   # passed verification and was never measured: no speed claim either way
     NEEDS_DEVICE = "needs_device"   # built (CUDA, PTX); verifying and timing it need a GPU this machine lacks
+    # passed verification, but the machine stayed too busy to time it (other work took the CPUs
+    # it was measured on, swarmfactory/contention.py): no speed claim either way, never a
+    # champion or a lesson; measured again later
+    INCONCLUSIVE = "inconclusive"
 
     @property
     def correct(self) -> bool:
         """Passed verification (measured or not)."""
-        return self in (Outcome.NOT_FASTER, Outcome.FASTER, Outcome.VERIFIED)
+        return self in (Outcome.NOT_FASTER, Outcome.FASTER, Outcome.VERIFIED, Outcome.INCONCLUSIVE)
 
     @property
     def measured(self) -> bool:

@@ -54,6 +54,7 @@ class CandidateTimer:
         re-measurement of an implausible figure)."""
         self.h, self.proc, self.arena, self.problem, self.rng = harness, proc, arena, problem, rng
         self.timeout, self.audited = timeout, audited
+        self.last_ns = 0.0  # the timed nanoseconds of the last sample (audits included)
         self.audit_share = max(0.5, harness.config.audit) if audited else harness.config.audit
         self.groups: dict[int, SlotGroup] = {}
         self.next_slot = 0
@@ -220,6 +221,7 @@ class CandidateTimer:
         calls, ns = self.proc.run_for(group.first, group.n, seed, seconds, self.timeout, "measure",
                                       min_calls=1 if audit else 4 * group.n,
                                       probe=self._prober(group, probes), probe_every=PROBE_US * 1e-6)
+        self.last_ns = float(ns)
         if calls < 1:
             raise Rejected(Outcome.TIMED_OUT, f"no call completed in {self.timeout:.0f} s of timing "
                            f"on {where} (calibration measured far less)", "measure")
@@ -390,6 +392,7 @@ class CandidateTimer:
         for j in range(group.n):
             group.poison(j)
         ns = self.proc.batch(group.first, group.n, group.n, seed, self.timeout, "measure")
+        self.last_ns = float(ns)
         ns = max(ns - 0.8 * self.h.exchange_ns(), 0.5 * ns)
         checked = set(self.rng.choice(group.n, size=min(2, group.n), replace=False).tolist())
         for j in range(group.n):

@@ -24,6 +24,7 @@ import time
 import weakref
 
 from swarmfactory.harness import protocol
+from swarmfactory.harness.isolation import Containment
 from swarmfactory.harness.outcome import Outcome, Rejected
 
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
@@ -129,8 +130,18 @@ class Worker:
         os.close(p_in_r)
         os.close(p_out_w)
         self.fd_w, self.fd_r = p_in_w, p_out_r
+        # a cgroup of its own where the machine allows: its CPU pressure is the contention a
+        # baseline's timing suffered (swarmfactory/contention.py), and it is killed whole
+        self.containment = Containment(self.tmpdir, use_cgroup=True)
+        self.containment.adopt(self.proc.pid)
         with _LIVE_LOCK:
             _LIVE.add(self)
+
+    @property
+    def pressure_file(self) -> str | None:
+        """Its cgroup's cpu.pressure (None without a cgroup of its own)."""
+        cg = self.containment.cgroup
+        return str(cg / "cpu.pressure") if cg is not None else None
 
     def freeze(self) -> None:
         """Stop the whole process while others are timed (its threads cannot spin meanwhile)."""
@@ -201,6 +212,8 @@ class Worker:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self.containment.cgroup is not None:  # (its token fallback would match our own TMPDIR)
+            self.containment.close()
 
     def close(self) -> None:
         self.thaw()

@@ -70,6 +70,24 @@ class BaselineRunner:
         return {"ns": t1 - t0}
 
 
+def dispatch_ns(iters: int = 20000) -> float:
+    """What one call costs a Python caller around any op (Python, the dispatcher, a tiny
+    output): a one-element negation, the least of three loops, in nanoseconds per call."""
+    import torch
+
+    x = torch.zeros(1)
+    best = float("inf")
+    with torch.inference_mode():
+        gc.disable()
+        for _ in range(3):
+            t0 = time.perf_counter_ns()
+            for _ in range(iters):
+                torch.neg(x)
+            best = min(best, (time.perf_counter_ns() - t0) / iters)
+        gc.enable()
+    return best
+
+
 def serve(fd_in: int, fd_out: int) -> None:
     runner = None
     while True:
@@ -89,6 +107,8 @@ def serve(fd_in: int, fd_out: int) -> None:
                 reply = runner.call(msg["slot"], msg.get("poison", float("nan")))
             elif op == "time":
                 reply = runner.time(msg["slots"], msg["iters"], msg.get("outputs", False))
+            elif op == "dispatch":
+                reply = {"ns": dispatch_ns()}
             elif op == "exit":
                 return
             else:

@@ -123,6 +123,10 @@ class Problem:
     # Large shapes verified under a few distributions only (normal + special), to keep eval
     # affordable: rows of 16k-64k columns, 4x the largest workload, and the like.
     stress_shapes: tuple[Mapping[str, int], ...] = ()
+    # How the workload shapes weigh in the `weighted` objective (the share of the engine's time
+    # each takes in the model the problem comes from), in the order of ``workload``; empty:
+    # equal weights. A verdict is still never `faster` while a shape is significantly slower.
+    workload_weights: tuple[float, ...] = ()
     # Per-output absolute tolerance for one case, where a fixed atol cannot fit every magnitude
     # (atol_for(expected, inputs) -> {output: float or array}); None: tolerance.atol.
     atol_for: Callable[[dict, dict], dict] | None = None
@@ -193,6 +197,8 @@ class Problem:
         blob = json.dumps({
             "name": self.name, "version": self.version, "sig": self.c_signature,
             "workload": [dict(s) for s in self.workload], "edge": [dict(s) for s in self.edge_shapes],
+            # only where set, so every problem without weights keeps its hash
+            **({"weights": list(self.workload_weights)} if self.workload_weights else {}),
             "stress": [dict(s) for s in self.stress_shapes], "params": dict(self.param_ranges),
             "dists": self.dists, "tol": dataclasses.asdict(self.tolerance),
             "template": self.template, "knobs": {k: list(v) for k, v in self.knobs.items()},
@@ -361,6 +367,10 @@ def check_problem(problem: Problem) -> None:
     """Reject a problem definition that cannot judge a kernel (MEASURING.md rule 2)."""
     import torch
 
+    w = problem.workload_weights
+    if w and (len(w) != len(problem.workload) or not all(isinstance(x, (int, float)) and x > 0 for x in w)):
+        raise ValueError(f"{problem.name}: workload_weights must be {len(problem.workload)} positive numbers, "
+                         f"one per workload shape in order (got {list(w)!r})")
     if problem.template is not None:
         missing = set(problem.knob_defaults) ^ set(problem.knobs)
         if missing:

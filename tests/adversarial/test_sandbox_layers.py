@@ -379,10 +379,10 @@ def _task_states(pid: int) -> dict[int, str]:
 
 
 def test_every_candidate_thread_is_frozen_while_the_baseline_is_timed(harness, monkeypatch):
-    from swarmfactory.harness import candidate, evaluate
+    from swarmfactory.harness import candidate, rounds
 
     seen: list[dict[int, str]] = []
-    real = evaluate.sample
+    real = rounds.sample
 
     def spy(worker, *args, **kwargs):
         with candidate._LIVE_LOCK:
@@ -392,7 +392,7 @@ def test_every_candidate_thread_is_frozen_while_the_baseline_is_timed(harness, m
                 seen.append(_task_states(proc.pid))
         return real(worker, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "sample", spy)
+    monkeypatch.setattr(rounds, "sample", spy)
     v = harness.evaluate(load_problem("rmsnorm"), OMP_RMSNORM)
     assert v.outcome in CORRECT, v.detail
     assert seen, "no baseline sample was taken while a candidate process was alive"

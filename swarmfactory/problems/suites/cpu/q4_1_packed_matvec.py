@@ -152,6 +152,10 @@ PROBLEM = Problem(
     workload=({"n": QKV, "k": DIM, "batch": 1}, {"n": 2 * FFN, "k": DIM, "batch": 1},
               {"n": DIM, "k": FFN, "batch": 1}, {"n": QKV, "k": DIM, "batch": 4},
               {"n": 2 * FFN, "k": DIM, "batch": 16}, {"n": DIM, "k": FFN, "batch": 16}),
+    # the engine's call mix: each shape's share of a decode step's time is about its share of the
+    # weight bytes read (a matvec is memory bound, and small batches read them once); steps at
+    # one stream and at several weigh alike
+    workload_weights=tuple(float(n * k) for n, k in ((QKV, DIM), (2 * FFN, DIM), (DIM, FFN)) * 2),
     edge_shapes=({"n": 5, "k": 64, "batch": 3}, {"n": 1, "k": 32, "batch": 1},
                  {"n": 7, "k": 96, "batch": 2}, {"n": 13, "k": 32, "batch": 17},
                  {"n": 8, "k": 160, "batch": 1}, {"n": 31, "k": 64, "batch": 5},

@@ -1,0 +1,141 @@
+"""Interleaved rounds, each with the contention its samples suffered.
+
+A round times, per workload shape, the candidate and the baseline (and, every other round, the
+eager reference) in alternating order. While a contender runs, the time it spent ready to run
+but waiting for a CPU is read from its cgroup's CPU pressure (Linux PSI; the machine's where it
+has no cgroup of its own): other work on the measurement CPUs shows up there, and nowhere else
+this precisely. A round in which the candidate or the baseline waited more than
+``contention.BUSY`` of its timed time is *disturbed*: it is not evidence. It is replaced by
+another round, up to as many rounds again, after waiting (bounded) for a quieter machine; with
+fewer than ``min_clean`` clean rounds the measurement says so instead of giving a figure.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from swarmfactory import contention
+from swarmfactory.contention import pressure_us
+from swarmfactory.harness.timing import sample
+
+WAIT_PER_ROUND_S = 5.0     # waiting for a quieter machine before a replacement round
+WAIT_TOTAL_S = 30.0        # ... and over one measurement
+
+
+@dataclass
+class RoundsLog:
+    """What the rounds of one measurement saw."""
+
+    planned: int
+    run: int = 0
+    clean: list[int] = field(default_factory=list)       # indices of the clean rounds
+    suffered: list[dict[str, float]] = field(default_factory=list)  # per round: contender -> share
+    waited_s: float = 0.0
+    source: str = ""                                     # where the pressure was read, per contender
+
+    @property
+    def disturbed(self) -> int:
+        return self.run - len(self.clean)
+
+    def worst(self, name: str) -> float:
+        vals = [r[name] for r in self.suffered if name in r]
+        return max(vals) if vals else 0.0
+
+    def mean(self, name: str, clean_only: bool = False) -> float:
+        rows = [self.suffered[i] for i in (self.clean if clean_only else range(len(self.suffered)))]
+        vals = [r[name] for r in rows if name in r]
+        return sum(vals) / len(vals) if vals else 0.0
+
+
+class _Pressure:
+    """Stall time of one contender while it runs: its cgroup's, else the machine's."""
+
+    def __init__(self, path: str | None):
+        self.path = path if path and pressure_us(path) is not None else None
+        self.machine = self.path is None and contention.pressure_available()
+        self.shared = False  # this process's threads may run on the contender's CPUs
+
+    def read(self) -> int | None:
+        if self.path:
+            return pressure_us(self.path)
+        return pressure_us(contention.SYSTEM_PRESSURE) if self.machine else None
+
+    def share(self, before: int | None, after: int | None, window_ns: float) -> float | None:
+        if before is None or after is None or window_ns <= 0:
+            return None
+        return min(1.0, max(0.0, (after - before) * 1e3 / window_ns))
+
+
+def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean: int,
+               candidate_pressure: str | None, measure_cpus: list[int]) -> RoundsLog:
+    """Rounds until ``rounds`` clean ones or ``rounds`` more were tried; appends each round's
+    timings to ``s["times"]`` (all of them: the caller keeps the clean ones, ``log.clean``).
+    Where this thread shares the measurement CPUs (no others to keep to), the CPU time this
+    process spent during a candidate's sample (its probes, its checks) is taken off the stall:
+    that wait is the harness's own, the same in every round, not other work."""
+    log = RoundsLog(planned=rounds)
+    cand = _Pressure(candidate_pressure)
+    cand.shared = bool(set(os.sched_getaffinity(0)) & set(measure_cpus))
+    base = [_Pressure(s["workers"]["baseline"].pressure_file) for s in setups]
+    where = lambda p: "cgroup" if p.path else ("machine" if p.machine else "unavailable")  # noqa: E731
+    log.source = f"candidate: {where(cand)}, baseline: {'/'.join(sorted({where(b) for b in base}))}"
+    r = 0
+    while len(log.clean) < rounds and r < 2 * rounds:
+        if r >= rounds and log.waited_s < WAIT_TOTAL_S:  # a replacement: wait for quiet first
+            _, waited = contention.wait_for_quiet(min(WAIT_PER_ROUND_S, WAIT_TOTAL_S - log.waited_s))
+            log.waited_s += waited
+        suffered = _round(timer, setups, r, rounds, timeout, cand)
+        log.suffered.append(suffered)
+        if all(v is None or v <= contention.BUSY for v in suffered.values()):
+            log.clean.append(r)
+        r += 1
+        log.run = r
+        if r >= rounds and len(log.clean) + (2 * rounds - r) < min_clean:
+            break  # even every remaining round clean would not be enough
+    return log
+
+
+def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand: _Pressure) -> dict:
+    """One round over every shape; the share of its timed time each contender waited."""
+    stall = {"candidate": 0.0, "baseline": 0.0}
+    timed = {"candidate": 0.0, "baseline": 0.0}
+    known = {"candidate": True, "baseline": True}
+    for s in setups:
+        # the eager reference only informs the "vs eager" column: every other round
+        order = ["candidate", "baseline"] + (["reference"] if r % 4 in (0, 3) else [])
+        if r % 2:
+            order.reverse()
+        for name in order:
+            if name == "candidate":
+                p0, t0, own0 = cand.read(), time.perf_counter_ns(), time.process_time_ns()
+                per_call, ns = None, 0.0
+                while per_call is None:  # audits are checked, not timed
+                    per_call = timer.sample(s, r in (0, rounds - 1))
+                    ns += timer.last_ns
+                p1 = cand.read()
+                if cand.shared and p0 is not None and p1 is not None:  # our own share of the wait
+                    p1 = max(p0, p1 - (time.process_time_ns() - own0) // 1000)
+                share = cand.share(p0, p1, ns if cand.path else time.perf_counter_ns() - t0)
+                s["times"][name].append(per_call)
+            else:
+                w = s["workers"][name]
+                p = _Pressure(w.pressure_file)
+                w.thaw()
+                try:
+                    p0, t0 = p.read(), time.perf_counter_ns()
+                    per_call, reply = sample(w, s["slots"], s["iters"][name], timeout, f"measure ({name})")
+                    share = p.share(p0, p.read(), reply["ns"] if p.path else time.perf_counter_ns() - t0)
+                finally:
+                    w.freeze()
+                s["times"][name].append(per_call)
+                if name == "reference":
+                    continue
+                ns = reply["ns"]
+            if share is None:
+                known[name] = False
+            else:
+                stall[name] += share * ns
+                timed[name] += ns
+    return {k: (stall[k] / timed[k] if known[k] and timed[k] > 0 else None) for k in stall}

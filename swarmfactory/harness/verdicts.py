@@ -1,0 +1,214 @@
+"""From timed rounds to a verdict: the objective, every shape's own figure, the basis stated.
+
+Only clean rounds count (``rounds.RoundsLog``): with fewer than ``min_clean`` of them the
+verdict is ``inconclusive`` (the machine was too busy), never a figure.
+
+The objective (``HarnessConfig.objective``), over the clean rounds' ratios baseline / candidate:
+
+* ``weighted`` (the default): the geometric mean with the problem's workload weights
+  (``Problem.workload_weights``, the call mix of the model it comes from; equal when unstated);
+  ``faster`` needs its interval above 1 + min_effect *and* no shape significantly slower (its
+  own interval below 1): a kernel that loses on a shape that matters is not faster, and the
+  verdict names that shape;
+* ``geomean``: the equal-weight geometric mean alone (slower shapes are named in a flag);
+* ``worst``: the slowest shape of each round: ``faster`` only if faster on every shape.
+
+Every verdict states its basis: the candidate is timed inside the driver's C loop, the torch
+baseline as Python calls it (each call's dispatch included). Beside it, a dispatch-free basis:
+the baseline less what one call costs a Python caller around any op (measured in its own
+worker); a kernel faster only on the first basis wins by dispatch, not by its work, and the
+verdict says so (inside the engine, which calls kernels from C, it would not be faster).
+
+Every interval also carries the spread between evaluations (``between_spread``): the rounds of
+one evaluation share its baseline worker, its inputs, the machine's state of that minute, and
+their interval is a few percent wide where the same kernel measures 20-50% apart minutes later.
+That spread, pooled from the kernels measured more than once on this machine (a floor where too
+few were), is added to each interval in log space (``widen``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from swarmfactory import contention
+from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
+from swarmfactory.harness.roofline import fraction
+from swarmfactory.harness.rounds import RoundsLog
+from swarmfactory.harness.timing import geomean, median_ci
+from swarmfactory.problems.spec import Problem
+
+OBJECTIVES = ("weighted", "geomean", "worst")
+Z95 = 1.96
+BETWEEN_FLOOR = 0.08     # log-speedup spread between evaluations assumed at least (about 8%)
+BETWEEN_MIN_DOF = 4      # repeats needed before the store's own spread is used
+
+
+def weights(problem: Problem, objective: str) -> np.ndarray:
+    n = len(problem.workload)
+    w = getattr(problem, "workload_weights", None)
+    if objective != "weighted" or not w:
+        return np.full(n, 1.0 / n)
+    w = np.asarray(w, dtype=float)
+    return w / w.sum()
+
+
+def widen(med: float, lo: float, hi: float, sigma: float, z: float = Z95) -> tuple[float, float]:
+    """The interval ``[lo, hi]`` around ``med`` with the spread between evaluations added: in log
+    space each side's half-width and ``z * sigma`` add in quadrature (a random-effects interval:
+    the rounds of one evaluation cannot show how the next evaluation's setting differs)."""
+    if sigma <= 0 or med <= 0 or lo <= 0 or hi <= 0:
+        return lo, hi
+    lm, b = math.log(med), (z * sigma) ** 2
+    return (math.exp(lm - math.sqrt((lm - math.log(lo)) ** 2 + b)),
+            math.exp(lm + math.sqrt((math.log(hi) - lm) ** 2 + b)))
+
+
+def decide(problem: Problem, setups: list[dict], log: RoundsLog, roofs: dict | None, cfg,
+           slot_key, baseline_label, between: dict | None = None) -> Verdict:
+    """``between``: the spread of log speedups between evaluations of one kernel here
+    (``between_spread``: ``sigma`` and where it came from), added to every interval."""
+    objective = cfg.objective
+    clean = log.clean
+    sigma = float((between or {}).get("sigma") or 0.0)
+    evidence = {"timing": {slot_key(s["shape"]): {"mode": s["mode"], "sets": s["group"].n} for s in setups},
+                "contention": contention_evidence(log), "objective": objective,
+                "basis": basis(setups, baseline_label)}
+    if between:
+        evidence["between"] = dict(between)
+    min_clean = min_clean_rounds(cfg.rounds)
+    if len(clean) < min_clean:
+        worst = max(log.worst("candidate"), log.worst("baseline"))
+        return Verdict(Outcome.INCONCLUSIVE,
+                       f"the machine was too busy to time it: {log.disturbed} of {log.run} rounds disturbed "
+                       f"(the timed code waited for a CPU up to {worst:.0%} of the time; other work took "
+                       f"the measurement CPUs), {len(clean)} clean of the {min_clean} needed after waiting "
+                       f"{log.waited_s:.0f} s; no figure is given, it will be measured again",
+                       "measure", evidence=evidence)
+    shapes, ratios, beyond, slower, by_dispatch = [], [], [], [], []
+    for s in setups:
+        c = np.array(s["times"]["candidate"])[clean]
+        b = np.array(s["times"]["baseline"])[clean]
+        ref = np.array(s["times"]["reference"])
+        med, lo, hi = median_ci(b / c, cfg.bootstrap_resamples)
+        lo, hi = widen(med, lo, hi, sigma)
+        ratios.append(b / c)
+        label = problem.shape_label(s["shape"])
+        if hi < 1.0:
+            slower.append(f"{label}: {med:.2f}x [{lo:.2f}, {hi:.2f}]")
+        dispatch = s.get("dispatch_ns")
+        if dispatch and lo > 1.0 + cfg.min_effect:
+            free = np.maximum(b - dispatch, 0.1 * b) / c
+            if float(np.median(free)) <= 1.0 + cfg.min_effect:
+                by_dispatch.append(f"{label} ({float(np.median(free)):.2f}x without dispatch)")
+        frac = None
+        if roofs is not None:
+            rl = problem.roofline(s["shape"])
+            frac = fraction(roofs, rl.bytes, rl.flops, float(np.median(c)) * 1e-9)
+            if frac is None:  # faster than the roof allows: the roof, not the kernel, is wrong
+                beyond.append(label)
+            else:
+                frac = min(frac, 1.0)
+        shapes.append(ShapeTiming(
+            shape=dict(s["shape"]), candidate_us=float(np.median(c)) / 1e3,
+            baseline_us=float(np.median(b)) / 1e3, reference_us=float(np.median(ref)) / 1e3,
+            speedup=med, ci_low=lo, ci_high=hi, vs_reference=float(np.median(ref) / np.median(c)),
+            roofline_fraction=frac))
+    per_round = objective_per_round(np.vstack(ratios), weights(problem, objective), objective)
+    med, lo, hi = median_ci(per_round, cfg.bootstrap_resamples)
+    lo, hi = widen(med, lo, hi, sigma)
+    fracs = [s.roofline_fraction for s in shapes if s.roofline_fraction]
+    faster = lo > 1.0 + cfg.min_effect and not (objective == "weighted" and slower)
+    what = {"weighted": "weighted", "geomean": "geomean", "worst": "worst shape"}[objective]
+    detail = (f"{med:.3f}x the baseline [{lo:.3f}, {hi:.3f}] ({what} over {len(shapes)} shapes, "
+              f"{len(clean)} clean interleaved rounds{f' of {log.run}' if log.run > len(clean) else ''}); "
+              f"{geomean([s.vs_reference for s in shapes]):.2f}x the eager reference")
+    flags = []
+    if slower:
+        text = "significantly slower on " + "; ".join(slower)
+        if objective == "weighted":
+            detail += f"; {text}: not faster where it matters"
+        else:
+            flags.append(text)
+    if not faster and lo <= 1.0 + cfg.min_effect:
+        detail += f"; needs CI low > {1 + cfg.min_effect:.2f}"
+    if by_dispatch:
+        flags.append("faster than torch only by its Python dispatch on " + ", ".join(by_dispatch))
+        evidence["wins_by_dispatch"] = by_dispatch
+    if log.disturbed:
+        flags.append(f"{log.disturbed} of {log.run} rounds disturbed by other work, not counted")
+    if slower:
+        evidence["slower_shapes"] = slower
+    if beyond:
+        evidence["beyond the measured roof"] = beyond
+    baseline = ", ".join(sorted({baseline_label(s["choice"]) for s in setups}))
+    return Verdict(Outcome.FASTER if faster else Outcome.NOT_FASTER, detail, "measure", speedup=med,
+                   ci_low=lo, ci_high=hi, vs_reference=geomean([s.vs_reference for s in shapes]),
+                   roofline_fraction=geomean(fracs) if fracs else None, baseline=baseline,
+                   shapes=shapes, flags=flags, evidence=evidence)
+
+
+def between_spread(store, problem: Problem) -> dict:
+    """How much one kernel's log speedup moves between evaluations on this machine, beyond what
+    the rounds of one evaluation show: the pooled standard deviation of the log speedups of every
+    candidate of ``problem`` measured more than once here (this version of the problem, not on a
+    busy machine), never below ``BETWEEN_FLOOR``; the floor alone until ``BETWEEN_MIN_DOF``
+    degrees of freedom are known. Minutes apart on a quiet 2-core machine the same template
+    measured 32.2x, 19.8x and 17.3x (rmsnorm), 1.59x, 1.44x and 1.32x (softmax), each interval
+    from its own rounds a few percent wide (benchmarks/noise.py)."""
+    from swarmfactory.evidence.quality import busy
+
+    if store is None:
+        return {"sigma": BETWEEN_FLOOR, "source": "default (no store)"}
+    logs: dict[str, list[float]] = {}
+    for e in store.evaluations(problem=problem.name, this_hardware=True):
+        if (e["problem_spec"] == problem.spec_hash() and e["outcome"] in ("faster", "not_faster")
+                and e["speedup"] and e["speedup"] > 0 and not busy(e["evidence"])):
+            logs.setdefault(e["candidate_id"], []).append(math.log(e["speedup"]))
+    ss = dof = 0.0
+    for xs in logs.values():
+        if len(xs) > 1:
+            m = sum(xs) / len(xs)
+            ss += sum((x - m) ** 2 for x in xs)
+            dof += len(xs) - 1
+    if dof < BETWEEN_MIN_DOF:
+        return {"sigma": BETWEEN_FLOOR, "source": f"default ({int(dof)} repeat(s) here so far)"}
+    pooled = math.sqrt(ss / dof)
+    return {"sigma": round(max(BETWEEN_FLOOR, pooled), 4),
+            "source": f"{int(dof)} repeats of {sum(len(x) > 1 for x in logs.values())} candidates here "
+                      f"(pooled {pooled:.3f})"}
+
+
+def min_clean_rounds(rounds: int) -> int:
+    """Clean rounds a figure needs: half the planned ones, at least 3."""
+    return max(3, -(-rounds // 2))
+
+
+def objective_per_round(ratios: np.ndarray, w: np.ndarray, objective: str) -> np.ndarray:
+    """One objective value per round from the (shapes x rounds) ratios."""
+    if objective == "worst":
+        return ratios.min(axis=0)
+    return np.exp((w[:, None] * np.log(ratios)).sum(axis=0))
+
+
+def contention_evidence(log: RoundsLog) -> dict:
+    """What the evidence keeps of the contention a measurement was taken under."""
+    clean = bool(log.clean)  # the figure's rounds; with none, every round's
+    suffered = max(log.mean("candidate", clean_only=clean), log.mean("baseline", clean_only=clean))
+    return {"suffered": round(suffered, 4), "worst": round(max(log.worst("candidate"), log.worst("baseline")), 4),
+            "rounds": log.run, "disturbed_rounds": log.disturbed, "waited_s": round(log.waited_s, 1),
+            "source": log.source, "busy": len(log.clean) < min_clean_rounds(log.planned) or
+            suffered > contention.BUSY,
+            # per round: the share of its timed time the candidate and the baseline waited for a CPU
+            "per_round": [[None if r.get(k) is None else round(r[k], 3) for k in ("candidate", "baseline")]
+                          for r in log.suffered]}
+
+
+def basis(setups: list[dict], baseline_label) -> dict:
+    """The comparison basis, stated."""
+    dispatch = [s["dispatch_ns"] for s in setups if s.get("dispatch_ns")]
+    return {"candidate": "calls inside the driver's C loop (inputs changed before every call)",
+            "baseline": "; ".join(sorted({baseline_label(s["choice"]) for s in setups}))
+                        + " called from Python, each call's dispatch included",
+            "dispatch_us": round(min(dispatch) / 1e3, 3) if dispatch else None}

@@ -1,0 +1,83 @@
+"""Contention is measured, recorded and acted on: a timing the machine disturbed is never a
+figure (real CPU hogs, real PSI; skipped where the kernel has no pressure information)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from swarmfactory import contention
+from swarmfactory.harness.evaluate import Harness, HarnessConfig
+from swarmfactory.harness.outcome import Outcome
+from swarmfactory.problems import load_problem
+
+needs_psi = pytest.mark.skipif(not contention.pressure_available(),
+                               reason="no CPU pressure information (PSI) on this kernel")
+
+
+@contextmanager
+def hogs(cpu: int, n: int):
+    procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def test_a_reading_is_shares_of_the_window():
+    m = contention.Meter(sorted(os.sched_getaffinity(0)), ours=lambda: [os.getpid()])
+    a = m.snapshot()
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.2:
+        pass
+    r = m.between(a, m.snapshot())
+    assert 0.15 < r.seconds < 5
+    for v in (r.suffered, r.others, r.steal):
+        assert v is None or 0.0 <= v <= 1.0
+    assert set(r.as_dict()) == {"seconds", "suffered", "others", "steal", "mhz"}
+
+
+@needs_psi
+def test_a_measurement_taken_while_cpu_hogs_run_gives_no_figure(monkeypatch):
+    """Two busy loops on the measurement CPU: every round the candidate waits for it, so no
+    round is clean and the verdict is `inconclusive`, with its contention, never a speedup."""
+    from swarmfactory.harness import rounds
+
+    monkeypatch.setattr(rounds, "WAIT_TOTAL_S", 2.0)  # the hogs never stop: do not wait for them long
+    cpus = sorted(os.sched_getaffinity(0))
+    measure, verify = cpus[:1], (cpus[1:] or cpus[:1])
+    h = Harness(HarnessConfig(rounds=4, compile_baselines=False, case_timeout_s=5.0,
+                              measure_cpus=tuple(measure), verify_cpus=tuple(verify)))
+    p = load_problem("rmsnorm")
+    try:
+        prep = h.prepare(p, p.render())
+        assert prep.rejected is None, prep.rejected
+        with hogs(measure[0], 2):
+            v = h.measure(prep)
+    finally:
+        h.close()
+    c = v.evidence["contention"]
+    assert v.outcome is Outcome.INCONCLUSIVE, v.detail
+    assert v.speedup is None and c["busy"] and c["disturbed_rounds"] == c["rounds"] >= 4
+    assert c["worst"] > contention.BUSY
+
+
+def test_every_measured_verdict_records_the_contention_it_was_taken_under(harness):
+    p = load_problem("rmsnorm")
+    v = harness.evaluate(p, p.render())
+    assert v.outcome in (Outcome.FASTER, Outcome.NOT_FASTER, Outcome.INCONCLUSIVE), v.detail
+    c = v.evidence["contention"]
+    assert {"suffered", "worst", "rounds", "disturbed_rounds", "waited_s", "busy", "source"} <= set(c)
+    assert c["rounds"] >= 8 and 0.0 <= c["suffered"] <= 1.0
+    assert v.evidence["basis"]["baseline"].endswith("dispatch included")
