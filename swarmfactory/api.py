@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store
 from swarmfactory.problems import Problem, load_problem
+from swarmfactory.swarm.succession import contend
 from swarmfactory.validation import drawn_evidence, validation_set
 
 if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
@@ -17,9 +18,10 @@ if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
 
 def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
              config: HarnessConfig | None = None, draw: int | None = None) -> dict[str, Any]:
-    """Verify and measure one kernel; record it; return the verdict with its ids. ``draw``: also
-    verify that draw of the full-size model cases (``Problem.model_cases``; the evidence says
-    which); without it, the validation set alone (its fixed sample of model shapes included)."""
+    """Verify and measure one kernel; record it; it competes for the title (``champion_change``
+    says what it did to it); return the verdict with its ids. ``draw``: also verify that draw of
+    the full-size model cases (``Problem.model_cases``; the evidence says which); without it, the
+    validation set alone (its fixed sample of model shapes included)."""
     from swarmfactory.harness.evaluate import Harness
 
     problem = load_problem(problem) if isinstance(problem, str) else problem
@@ -28,30 +30,44 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
     try:
         cases, vversion = validation_set(problem, store, draw)
         verdict = harness.evaluate(problem, source, cases)
+        if draw is not None:
+            verdict.evidence["model_draw"] = drawn_evidence(draw, cases)
+        cand = candidate_record(problem, source, agent="user", operator="eval", backend=problem.backend)
+        eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
+        # it competes for the title like any run's verdict (a demoted champion's successors are
+        # re-measured on the validation set alone)
+        base = cases if draw is None else validation_set(problem, store)[0]
+        decision = contend(store, problem, eval_id, None, _remeasurer(harness, problem, store, base, vversion))
     finally:
         harness.close()
-    if draw is not None:
-        verdict.evidence["model_draw"] = drawn_evidence(draw, cases)
-    cand = candidate_record(problem, source, agent="user", operator="eval", backend=problem.backend)
-    eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
     return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
-            "problem": problem.name, "validation_version": vversion}
+            "problem": problem.name, "validation_version": vversion, "champion_change": decision.change}
+
+
+def _remeasurer(harness, problem: Problem, store: Store, cases, vversion: str):
+    """Succession's fresh re-measure (``swarm/succession.py``) on this machine's harness."""
+    def remeasure(cand: dict) -> int:
+        verdict = harness.evaluate(problem, cand["source"], cases)
+        return store.record_verdict(problem, cand, verdict, None, vversion, "remeasure")
+    return remeasure
 
 
 def reverify_retained(problem: Problem, store: Store, config: HarnessConfig | None = None) -> dict[str, Any]:
     """Re-verify every candidate that was once correct on this hardware against today's cases.
-    Failures are recorded (purpose ``reverify``); a failing champion is dethroned and the best
-    candidate that still passes takes its place."""
+    Failures are recorded (purpose ``reverify``); a failing champion is dethroned (or a title
+    found vacant after a demotion) and the best retained candidates are re-measured afresh, the
+    first faster one taking its place."""
     from swarmfactory.harness.evaluate import Harness
-    from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
+    from swarmfactory.swarm.succession import MEASURED, rank_by_best, reverify_and_succeed
 
     cases, vversion = validation_set(problem, store)
     ranked = rank_by_best((ev["candidate_id"], ev["speedup"])
                           for ev in store.evaluations(problem=problem.name, this_hardware=True)
-                          if ev["problem_spec"] == problem.spec_hash() and ev["outcome"] in ("faster", "not_faster"))
+                          if ev["problem_spec"] == problem.spec_hash() and ev["outcome"] in MEASURED)
     harness = Harness(config, store=store)
     try:
-        res = reverify_and_succeed(store, harness, problem, cases, vversion, ranked, check_all=True)
+        res = reverify_and_succeed(store, harness, problem, cases, vversion, ranked, check_all=True,
+                                   remeasure=_remeasurer(harness, problem, store, cases, vversion), fill_vacant=True)
     finally:
         harness.close()
     return {"problem": problem.name, "validation_version": vversion, "candidates": res["rows"],

@@ -9,6 +9,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 
 def _f(x, spec=".2f", none="-"):
@@ -158,7 +159,41 @@ def result_tables(summary: dict, wide: bool = False) -> list[Table]:
                 row.append(_x(s["vs_reference"]))
             row.append(_f(s["roofline_fraction"], ".0%"))
             shapes.add_row(*row)
-    return [champs, shapes] if shapes.row_count else [champs]
+    notes = notes_table(summary)
+    return [champs] + ([notes] if notes is not None else []) + ([shapes] if shapes.row_count else [])
+
+
+def champion_notes(summary: dict) -> list[str]:
+    """When and under what contention each champion was last confirmed (one line each), then a
+    warning line per problem whose figures were measured on a busy machine."""
+    lines = []
+    for p in summary["problems"]:
+        c = p.get("champion")
+        if not c or "confirmed" not in c:
+            continue
+        conf = c["confirmed"]
+        if conf is None:
+            line = f"{p['problem']}: champion {c['candidate_id'][:12]} not confirmed by a measurement here"
+        else:
+            by = "its re-measure" if conf["purpose"] == "remeasure" else f"{conf['purpose']} evaluation"
+            line = (f"{p['problem']}: champion {c['candidate_id'][:12]} last confirmed {str(conf['at'])[:19]} UTC "
+                    f"by {by} {conf['evaluation_id']} at {num(conf['speedup'])}x ({conf['contention']})")
+        if c.get("unconfirmed"):
+            line += f"; since then: {c['unconfirmed']}"
+        lines.append(line)
+    return lines + list(summary.get("warnings") or [])
+
+
+def notes_table(summary: dict) -> Table | None:
+    """``champion_notes`` as a borderless one-column table (printed like the others)."""
+    lines = champion_notes(summary)
+    if not lines:
+        return None
+    t = Table(box=None, show_header=False, show_edge=False, pad_edge=False, padding=0)
+    t.add_column(overflow="fold")
+    for line in lines:
+        t.add_row(Text(line, style="yellow" if line.startswith("warning:") else ""))
+    return t
 
 
 def _x(ratio) -> str:

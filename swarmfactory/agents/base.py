@@ -58,6 +58,7 @@ class Entry:
     agent: str
     generation: int
     detail: str = ""
+    weight: float = 1.0   # its measurement's quality (evidence/quality.py): 0 for one taken on a busy machine
 
     @property
     def correct(self) -> bool:

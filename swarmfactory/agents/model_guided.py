@@ -45,7 +45,7 @@ class ModelGuidedAgent(Agent):
 
         p, hw = board.problem, board.hardware or {}
         own = [(e.knobs, r) for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)
-               for r in [make_row(p, hw, e.knobs, e.outcome, e.speedup)] if r is not None]
+               for r in [make_row(p, hw, e.knobs, e.outcome, e.speedup, e.weight)] if r is not None]
         if len(own) < self.check_after or len(board.transfer) < self.min_transfer:
             return True
         key = (p.name, id(board.transfer), len(board.transfer), len(own))
@@ -65,7 +65,7 @@ class ModelGuidedAgent(Agent):
         p, rng = board.problem, board.rng
         hw = board.hardware or {}
         data = [e for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)]
-        own = [r for r in (make_row(p, hw, e.knobs, e.outcome, e.speedup) for e in data) if r is not None]
+        own = [r for r in (make_row(p, hw, e.knobs, e.outcome, e.speedup, e.weight) for e in data) if r is not None]
         transfer = list(board.transfer) if self.transfer_holds(board) else []
         if not p.knobs or (len(own) < self.min_points and len(transfer) < self.min_transfer):
             return []

@@ -28,6 +28,7 @@ pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:12px;max-height:36em
 .o{display:inline-block;padding:0 6px;border-radius:8px;color:#fff;font-size:12px}
 .add{background:#e6ffec;display:block}.del{background:#ffebe9;display:block}.hunk{color:#0969da;display:block}
 .pager a{margin-right:1em}.grid{display:grid;grid-template-columns:1fr 1fr;gap:1.2em}
+.warning{color:#9a6700;font-weight:600}
 @media(max-width:900px){.grid{grid-template-columns:1fr}}"""
 
 LIVE_JS = """(function(){
@@ -184,7 +185,12 @@ def _run_section(c, run: dict, params: dict) -> str:
     evs = Q.evaluations(c, run_id=rid, before=params["before"], limit=params["limit"])
     status = (f'<span class="running" data-running="1">{_e(run["status"])}</span>' if run["status"] == "running"
               else _e(run["status"]))
-    return (f"<section id='run'><h2>Run {_e(rid)}: {status}</h2>"
+    n = run.get("contention") or {}
+    busy = [f"{n['busy']} of {n['evaluations']} evaluations measured on a busy machine"] if n.get("busy") else []
+    busy += [f"{n['inconclusive']} inconclusive (too busy to time)"] if n.get("inconclusive") else []
+    warn = (f"<p class='warning' id='run-contention'>warning: {_e('; '.join(busy))}: this run's figures are less "
+            "certain</p>" if busy else "")
+    return (f"<section id='run'><h2>Run {_e(rid)}: {status}</h2>{warn}"
             f"<p>{_progress_bar(run['progress'], run['status'])}; started {_when(run['created_at'])} UTC"
             + (f"; finished {_when(run['finished_at'])} UTC" if run["finished_at"] else "")
             + (f"; resumed from {_run(run['parent_run'])}" if run["parent_run"] else "") + "</p>"
@@ -222,18 +228,46 @@ def _champions_section(c) -> str:
         label = r["problem"] + (f" @{r['hardware_id'][:8]}" if len(hardware) > 1 else "")
         if r["speedup"] is not None and r["created_at"] is not None:
             series.setdefault(label, []).append((Q._aware(r["created_at"]).timestamp(), r["speedup"]))
-    latest: dict[str, dict] = {}
-    for r in hist:
-        latest[(r["problem"], r["hardware_id"])] = r
-    rows = "".join(f"<tr><td class='l'>{_e(p)}</td><td class='l'>{_e(h[:12])}</td><td class='l'>"
+    now = Q.champions_now(c)
+    rows = "".join(f"<tr data-champion='{_e(r['problem'])}'><td class='l'>{_e(r['problem'])}</td>"
+                   f"<td class='l'>{_e(r['hardware_id'][:12])}</td><td class='l'>"
                    f"{_cand(r['candidate_id'])}</td><td>{_f(r['speedup'])}</td><td class='l'>{_run(r['run_id'])}</td>"
-                   f"<td class='l'>{_e(r['reason'])}</td><td class='l'>{_when(r['created_at'])}</td></tr>"
-                   for (p, h), r in sorted(latest.items()))
+                   f"<td class='l'>{_e(r['reason'])}</td><td class='l'>{_when(r['created_at'])}</td>"
+                   f"{_confirmed_cells(r)}</tr>" for r in now)
     table = ("<table><tr><th class='l'>problem</th><th class='l'>machine</th><th class='l'>champion</th>"
-             "<th>speedup</th><th class='l'>run</th><th class='l'>why</th><th class='l'>since (UTC)</th></tr>"
-             + rows + "</table>") if rows else ""
+             "<th>speedup</th><th class='l'>run</th><th class='l'>why</th><th class='l'>since (UTC)</th>"
+             "<th class='l'>last confirmed (UTC)</th><th class='l'>under</th></tr>" + rows + "</table>") if rows else ""
+    warn = "".join(f"<p class='warning'>{_e(line)}</p>" for line in _champion_warnings(now))
     return (f"<section id='champions'><h2>Champion speedup over time</h2>"
-            f"{timeline_svg(series, until=datetime.now(timezone.utc).timestamp())}{table}</section>")
+            f"{timeline_svg(series, until=datetime.now(timezone.utc).timestamp())}{warn}{table}</section>")
+
+
+def _confirmed_cells(r: dict) -> str:
+    if not r["candidate_id"]:
+        return "<td class='l'>-</td><td class='l'>-</td>"
+    conf = r["confirmed"]
+    if conf is None:
+        return "<td class='l'>never (no faster measurement here)</td><td class='l'>-</td>"
+    when = f"{_when(conf['created_at'])} (evaluation {conf['id']}, {_e(conf['purpose'])})"
+    if r["unconfirmed"]:
+        when += f"<br><span class='muted'>since then: {_e(r['unconfirmed'])}</span>"
+    style = " style='color:#9a6700'" if conf["busy"] else ""
+    return f"<td class='l'>{when}</td><td class='l'{style}>{_e(conf['text'])}</td>"
+
+
+def _champion_warnings(now: list[dict]) -> list[str]:
+    """A line per champion whose figures are less certain: confirmed on a busy machine, or its
+    latest re-measure could not confirm it."""
+    out = []
+    for r in now:
+        conf = r["confirmed"]
+        if r["candidate_id"] and conf and conf["busy"]:
+            out.append(f"warning: the {r['problem']} champion {r['candidate_id'][:12]} was last confirmed on a busy "
+                       f"machine ({conf['text']}): the engine does not take it until a quieter re-measure confirms it")
+        elif r["candidate_id"] and r["unconfirmed"]:
+            out.append(f"warning: the {r['problem']} champion {r['candidate_id'][:12]} is not confirmed by its "
+                       f"latest re-measure ({r['unconfirmed'].split(':', 1)[0]})")
+    return out
 
 
 def _cases_section(c, params: dict) -> str:

@@ -12,15 +12,18 @@ import difflib
 import re
 from datetime import datetime, timezone
 
-from sqlalchemy import Text, case, cast, func, select
+from sqlalchemy import Text, case, cast, func, or_, select, true
 from sqlalchemy.engine import Connection
 
+from swarmfactory.contention import BUSY
+from swarmfactory.evidence import quality
 from swarmfactory.evidence import schema as S
 
 E, C, R, CH, V, L = S.evaluations, S.candidates, S.runs, S.champions, S.validation_cases, S.lessons
 EVAL_LIST = (E.c.id, E.c.candidate_id, E.c.problem, E.c.run_id, E.c.purpose, E.c.outcome, E.c.stage, E.c.detail,
              E.c.speedup, E.c.ci_low, E.c.ci_high, E.c.seconds, E.c.created_at)
 _SECRET = re.compile(r"key|token|secret|passw|auth|cookie", re.I)
+CORRECT = ("faster", "not_faster", "verified", "inconclusive")  # passed verification
 
 
 class NotFound(LookupError):
@@ -105,7 +108,22 @@ def run(c: Connection, run_id: str) -> dict:
     return {"id": r["id"], "status": r["status"], "hardware_id": r["hardware_id"], "parent_run": r["parent_run"],
             "created_at": r["created_at"], "finished_at": r["finished_at"],
             "progress": _progress(r, int(n[0]), n[1]), "verdicts": verdicts(c, run_id),
-            "scoreboard": scoreboard(c, run_id)}
+            "scoreboard": scoreboard(c, run_id), "contention": run_contention(c, run_id)}
+
+
+def _busy():
+    """SQL: the evaluation was measured on a busy machine (evidence/quality.py: the harness said
+    so, or the timed code waited for a CPU more than ``contention.BUSY`` of the time)."""
+    return or_(E.c.evidence[("contention", "busy")].as_boolean() == true(),
+               E.c.evidence[("contention", "suffered")].as_float() > BUSY)
+
+
+def run_contention(c: Connection, run_id: str) -> dict:
+    """How many of a run's evaluations were measured on a busy machine, or were inconclusive."""
+    row = c.execute(select(func.count(), func.sum(case((_busy(), 1), else_=0)),
+                           func.sum(case((E.c.outcome == "inconclusive", 1), else_=0)))
+                    .where(E.c.run_id == run_id)).one()
+    return {"evaluations": int(row[0] or 0), "busy": int(row[1] or 0), "inconclusive": int(row[2] or 0)}
 
 
 def latest_run_id(c: Connection) -> str | None:
@@ -141,7 +159,7 @@ def scoreboard(c: Connection, run_id: str | None = None) -> list[dict]:
     for r in c.execute(q.group_by(C.c.agent)):
         board.setdefault(r.agent, {"agent": r.agent, "proposals": 0, "outcomes": {}, "champions": 0})["champions"] = r.n
     for a in board.values():
-        a["correct"] = a["outcomes"].get("faster", 0) + a["outcomes"].get("not_faster", 0)
+        a["correct"] = sum(a["outcomes"].get(o, 0) for o in CORRECT)
         a["faster"] = a["outcomes"].get("faster", 0)
     return sorted(board.values(), key=lambda a: (-a["champions"], -a["faster"], a["agent"]))
 
@@ -173,6 +191,43 @@ def champion_history(c: Connection, problem: str | None = None, limit: int = 200
         q = q.where(CH.c.problem == problem)
     rows = [dict(r._mapping) for r in c.execute(q.order_by(CH.c.id.desc()).limit(limit))]
     return rows[::-1]
+
+
+def champions_now(c: Connection) -> list[dict]:
+    """The title as it stands per (problem, machine): the latest champions row,
+    with ``confirmed`` (the champion's latest ``faster`` evaluation holding the title: when, by
+    which evaluation, the contention it was measured under; None if none) and ``unconfirmed``
+    (the reason, where a later re-measure could not confirm it)."""
+    latest = (select(func.max(CH.c.id)).group_by(CH.c.problem, CH.c.hardware_id)
+              .scalar_subquery())
+    rows = [dict(r._mapping) for r in c.execute(
+        select(CH.c.id, CH.c.problem, CH.c.problem_spec, CH.c.hardware_id, CH.c.candidate_id, CH.c.evaluation_id,
+               CH.c.run_id, CH.c.speedup, CH.c.reason, CH.c.created_at)
+        .where(CH.c.id.in_(latest)).order_by(CH.c.problem, CH.c.hardware_id, CH.c.id))]
+    cols = (E.c.id, E.c.created_at, E.c.purpose, E.c.run_id, E.c.speedup,
+            E.c.evidence["contention"].label("contention"))
+    for r in rows:
+        r["confirmed"], r["unconfirmed"] = None, None
+        cid = r["candidate_id"]
+        if not cid:
+            continue
+        mine = (E.c.candidate_id == cid, E.c.outcome == "faster", E.c.hardware_id == r["hardware_id"],
+                E.c.problem_spec == r["problem_spec"])
+        ev = c.execute(select(*cols).select_from(CH.join(E, E.c.id == CH.c.evaluation_id))
+                       .where(CH.c.problem == r["problem"], CH.c.problem_spec == r["problem_spec"],
+                              CH.c.hardware_id == r["hardware_id"], CH.c.candidate_id == cid, *mine)
+                       .order_by(CH.c.id.desc()).limit(1)).first()
+        if ev is None:  # rows from before confirmations were kept: its latest faster evaluation
+            ev = c.execute(select(*cols).where(E.c.problem == r["problem"], *mine).order_by(E.c.id.desc())
+                           .limit(1)).first()
+        if ev is not None:
+            conf = dict(ev._mapping)
+            conf["busy"] = quality.busy(conf["contention"])
+            conf["text"] = quality.describe(conf["contention"])
+            r["confirmed"] = conf
+        if r["reason"].startswith("re-measured:") and "not confirmed" in r["reason"]:
+            r["unconfirmed"] = r["reason"].removeprefix("re-measured: ")
+    return rows
 
 
 def candidate(c: Connection, cand_id: str, eval_limit: int = 10) -> dict:

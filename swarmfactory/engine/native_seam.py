@@ -9,7 +9,9 @@ A config names one per op (``EngineConfig.kernels``):
   build cache), then loaded;
 - ``champion:q4_1_matmul@ID``: candidate ``ID`` (a prefix will do), pinned. It must have been
   that problem's champion on this hardware (this version of the problem) and its latest
-  evaluation here must still be correct. Engine designs name kernels this way, so a design's
+  evaluation here must still be correct. Either way a champion is taken only if its
+  confirmation (its latest ``faster`` measurement holding the title, ``swarm/succession.py``)
+  was not measured on a busy machine. Engine designs name kernels this way, so a design's
   identity (and its verification) covers the exact kernel; when the champion moves on, the
   design that names the new one is another design, verified and measured afresh.
 
@@ -328,8 +330,11 @@ def pinned_problem(spec: str) -> tuple[str, str | None]:
 
 def passed_here(store, problem, cand_id: str) -> str | None:
     """Why candidate ``cand_id`` may not run as a pinned champion on this hardware, or None: it
-    must have been a champion of ``problem`` (this version) here, and its latest evaluation here
-    must still be correct (a case found later that breaks it retires the pin too)."""
+    must have been a champion of ``problem`` (this version) here, its latest evaluation here
+    must still be correct (a case found later that breaks it retires the pin too), and its
+    confirmation (``swarm/succession.confirmation``) must not have been measured on a busy machine."""
+    from swarmfactory.swarm.succession import busy_refusal
+
     history = [r for r in store.champion_history(problem.name) if r["problem_spec"] == problem.spec_hash()]
     if not any(r["candidate_id"] == cand_id for r in history):
         return (f"candidate {cand_id} was never a champion of {problem.name} (this version of the problem) "
@@ -339,7 +344,7 @@ def passed_here(store, problem, cand_id: str) -> str | None:
     if not evs or evs[-1]["outcome"] not in ("faster", "not_faster", "verified"):
         last = evs[-1]["outcome"] if evs else "no evaluation"
         return f"candidate {cand_id} no longer passes the harness on this hardware (latest: {last})"
-    return None
+    return busy_refusal(store, problem, cand_id)
 
 
 def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None = None) -> type[NativeLinear]:
@@ -348,6 +353,7 @@ def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None =
     from swarmfactory.evidence.store import Store, StoreError
     from swarmfactory.harness.static import check_source
     from swarmfactory.problems import load_problem
+    from swarmfactory.swarm.succession import busy_refusal
 
     problem = load_problem(problem_name)
     if problem.c_signature != SIGNATURE:
@@ -375,6 +381,9 @@ def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None =
         else:
             cand = store.candidate(champ["candidate_id"]) if champ else None
             speedup = champ.get("speedup") if champ else None
+            why = busy_refusal(store, problem, champ["candidate_id"]) if champ else None
+            if why:
+                raise KernelError(f"{spec}: {why}; it is not run")
     finally:
         store.engine.dispose()
     if cand is None and champ is None:
@@ -400,9 +409,12 @@ def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None =
 
 
 def current_champion(problem_name: str = PROBLEM, store=None) -> str | None:
-    """The candidate id of ``problem_name``'s champion on this hardware, or None (no store, none)."""
+    """The candidate id of ``problem_name``'s champion on this hardware that the engine may take,
+    or None (no store, no champion, or one confirmed on a busy machine: logged with why). What
+    ``engine tune``'s champion knobs pin."""
     from swarmfactory.evidence.store import Store, StoreError
     from swarmfactory.problems import load_problem
+    from swarmfactory.swarm.succession import busy_refusal
 
     own = store is None
     try:
@@ -410,8 +422,15 @@ def current_champion(problem_name: str = PROBLEM, store=None) -> str | None:
     except StoreError:
         return None
     try:
-        champ = store.champion(load_problem(problem_name))
-        return champ["candidate_id"] if champ else None
+        problem = load_problem(problem_name)
+        champ = store.champion(problem)
+        if champ is None:
+            return None
+        why = busy_refusal(store, problem, champ["candidate_id"])
+        if why:
+            log.warning("champion:%s not taken: %s", problem_name, why)
+            return None
+        return champ["candidate_id"]
     finally:
         if own:
             store.engine.dispose()

@@ -114,7 +114,8 @@ def design_key(cfg: EngineConfig) -> str:
 def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | None = None) -> Design:
     """The design for ``knobs`` on top of the run's base config (model, weights, max_seq_len).
 
-    ``champions``: problem -> candidate id of this hardware's kernel-factory champions (a bare id
+    ``champions``: problem -> candidate id of this hardware's kernel-factory champions the engine
+    may take (``engine.native_seam.current_champion``: none confirmed on a busy machine; a bare id
     is the ``q4_1_matmul`` one). ``kernels=champion`` runs the Q4_1 ops on the ``q4_1_matmul``
     champion (``champion:q4_1_matmul@ID`` per op, the native decoder off); ``matvec=champion``
     compiles the ``q4_1_packed_matvec`` champion into the native decoder
@@ -142,8 +143,8 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
         k.update(native_decode=0, native_prefill=0, dense="calibrated", kernels="builtin")
     for knob, problem in CHAMPION_KNOBS.items():
         if base.weights == "q4_1" and k[knob] == "champion" and not champions.get(problem):
-            raise NoChampion(f"no {problem} champion on this hardware for {knob}=champion "
-                             f"(swarmfactory run --problems {problem} makes one)")
+            raise NoChampion(f"no {problem} champion on this hardware for {knob}=champion, or none confirmed "
+                             f"under low contention (swarmfactory run --problems {problem} makes and confirms one)")
     if base.weights != "q4_1":
         k["matvec"] = "builtin"
     elif k["kernels"] == "champion":

@@ -3,9 +3,10 @@
 A profile is the champion of an engine problem (``engine:<model>``) in the evidence store, with
 the evaluation that made it champion. It matches when the model file's sha256, the CPU (model,
 features as masked, cores: the store's hardware id) and the torch and C compiler versions are the
-ones it was tuned and verified with. ``engine serve`` serves the most recent matching profile and
-says which; when the only profiles are for another model, CPU or toolchain it says that and keeps
-the calibrated defaults. A design that has not passed on this machine is never served from here.
+ones it was tuned and verified with, and its figures were not measured on a busy machine
+(``evidence/quality.py``; not recorded counts as not busy). ``engine serve`` serves the most
+recent matching profile and says which; when the only profiles are for another model, CPU or
+toolchain it says that and keeps the calibrated defaults. A design that has not passed on this machine is never served from here.
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ class Profile:
     model_sha256: str
     serving: dict
     description: str
+    contention: dict | None = None   # what its serving figures were measured under (None: not recorded)
 
     def mismatch(self, model_sha256: str, hardware_id: str, tools: dict) -> str | None:
         """Why this profile does not apply here, or None."""
+        from swarmfactory.evidence.quality import busy, describe
+
+        if busy(self.contention):
+            return (f"its serving figures were measured on a busy machine ({describe(self.contention)}): "
+                    "swarmfactory engine tune again on a quieter machine")
         if self.model_sha256 != model_sha256:
             return "tuned for another model file"
         if self.hardware_id != hardware_id:
@@ -57,7 +64,8 @@ class Profile:
 
     def kernel_check(self, store) -> tuple[str | None, str | None]:
         """(why the profile may not be served here, a note) about its pinned kernels: a kernel
-        that no longer passes the harness here blocks it; a kernel champion that has moved on
+        that no longer passes the harness here (or was confirmed on a busy machine) blocks it; a
+        kernel champion that has moved on
         since is a note (the profile still runs the kernel it was verified with; ``engine tune``
         verifies and measures the same design on the new champion)."""
         from swarmfactory.engine.native_seam import current_champion, passed_here
@@ -80,6 +88,7 @@ def all_profiles(store) -> list[Profile]:
     and hardware: the latest champion row)."""
     from sqlalchemy import select
 
+    from swarmfactory.evidence import quality
     from swarmfactory.evidence import schema as S
 
     rows = store._rows(select(S.champions).where(S.champions.c.problem.like("engine:%"))
@@ -100,7 +109,7 @@ def all_profiles(store) -> list[Profile]:
                            config_yaml=cand["source"], knobs=cand["knobs"] or {}, hardware_id=row["hardware_id"],
                            hardware=ev["hardware"] or {}, tools=ev["tools"] or {},
                            model_sha256=evidence.get("model_sha256", ""), serving=evidence.get("serving", {}),
-                           description=evidence.get("design", "")))
+                           description=evidence.get("design", ""), contention=quality.contention(evidence)))
     return out
 
 

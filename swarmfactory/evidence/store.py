@@ -381,11 +381,14 @@ class Store:
                                                   .order_by(S.evaluations.c.problem))]
 
     def knob_evidence(self, problem: str) -> list[dict]:
-        """Every evaluation of ``problem`` (any hardware) with its candidate's knobs and agent: what
-        the analyst reads. One query, no sources."""
+        """Every evaluation of ``problem`` (any hardware) with its candidate's knobs and agent and
+        what its measurement quality is read from (``ci_low``, ``ci_high``, ``contention``: the
+        evidence's, None where not recorded): what the analyst and the cost model read. One query,
+        no sources."""
         e, c = S.evaluations, S.candidates
         q = (select(e.c.id, e.c.candidate_id, e.c.problem, e.c.problem_spec, e.c.hardware_id, e.c.hardware,
-                    e.c.purpose, e.c.outcome, e.c.speedup, e.c.shapes, e.c.run_id, c.c.knobs, c.c.agent)
+                    e.c.purpose, e.c.outcome, e.c.speedup, e.c.ci_low, e.c.ci_high,
+                    e.c.evidence["contention"].label("contention"), e.c.shapes, e.c.run_id, c.c.knobs, c.c.agent)
              .join(c, c.c.id == e.c.candidate_id).where(e.c.problem == problem).order_by(e.c.id))
         return self._rows(q)
 

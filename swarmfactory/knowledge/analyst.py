@@ -6,11 +6,15 @@ about two values of one knob of one problem on one machine:
     on softmax (rows 1-72, cols 512-49152), exp=poly beats exp=libm by 10.31x [6.54, 16.26],
     10 evaluations, 5 matched pairs, AMD EPYC avx512
 
-**Evidence.** Every correct evaluation (``faster`` or ``not_faster``: search, eval or re-measure)
-of a knob candidate of the problem's current spec on that machine. A candidate that was ever
-``wrong``, ``cheated`` or ``crashed`` is left out entirely: a broken kernel teaches nothing about
-what is fast. A configuration's figure is the geometric mean of its evaluations' speedups (or,
-for a subset of the workload, of its per-shape speedups on that subset).
+**Evidence.** Every correct, measured evaluation (``faster`` or ``not_faster``: search, eval or
+re-measure; never ``inconclusive`` or ``verified``) of a knob candidate of the problem's current
+spec on that machine. A candidate that was ever ``wrong``, ``cheated`` or ``crashed`` is left out
+entirely: a broken kernel teaches nothing about what is fast. Each evaluation weighs its
+measurement quality, ``w = (1 - suffered) / (1 + (ci_high - ci_low) / speedup)`` (``suffered``
+from ``evidence["contention"]``, 0 where not recorded; ``evidence/quality.py``), and one measured
+on a busy machine weighs 0, i.e. is left out. A configuration's figure is the weighted geometric
+mean of its evaluations' speedups (or, for a subset of the workload, of its per-shape speedups on
+that subset).
 
 **Effect.** The ratio of geometric-mean speedups of configurations with ``knob=a`` to those with
 ``knob=b``. Matched where the data allows: two configurations identical in every other knob are a
@@ -155,26 +159,43 @@ def configurations(rows: list[dict], spec: str, hardware_id: str) -> tuple[dict[
     """The measured configurations of one spec on one machine, and the workload shapes seen."""
     rows = [r for r in rows if r["problem_spec"] == spec and r["hardware_id"] == hardware_id]
     bad = {r["candidate_id"] for r in rows if r["outcome"] in INVALIDATING}
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[tuple[dict, float]]] = {}
     shapes: dict[str, dict] = {}
     for r in rows:
         if (r["candidate_id"] in bad or r["outcome"] not in CORRECT or not isinstance(r["knobs"], dict)
                 or not r["knobs"] or not r["speedup"] or r["speedup"] <= 0):
             continue
-        groups.setdefault(knob_key(r["knobs"]), []).append(r)
+        w = quality(r)
+        if w <= 0:
+            continue  # measured on a busy machine: not evidence
+        groups.setdefault(knob_key(r["knobs"]), []).append((r, w))
         for s in r["shapes"] or []:
             shapes.setdefault(shape_key(s["shape"]), dict(s["shape"]))
     configs = {}
     for key, evs in groups.items():
-        per_shape: dict[str, list[float]] = {}
-        for ev in evs:
+        per_shape: dict[str, list[tuple[float, float]]] = {}
+        for ev, w in evs:
             for s in ev["shapes"] or []:
                 if s.get("speedup") and s["speedup"] > 0:
-                    per_shape.setdefault(shape_key(s["shape"]), []).append(math.log(s["speedup"]))
-        configs[key] = Config(dict(evs[0]["knobs"]), [e["id"] for e in evs],
-                              float(np.mean([math.log(e["speedup"]) for e in evs])),
-                              {k: float(np.mean(v)) for k, v in per_shape.items()})
+                    per_shape.setdefault(shape_key(s["shape"]), []).append((math.log(s["speedup"]), w))
+        configs[key] = Config(dict(evs[0][0]["knobs"]), [e["id"] for e, _ in evs],
+                              _weighted([(math.log(e["speedup"]), w) for e, w in evs]),
+                              {k: _weighted(v) for k, v in per_shape.items()})
     return configs, list(shapes.values())
+
+
+def quality(row: dict) -> float:
+    """An evaluation's weight in a configuration's figure (``evidence.quality.weight``: 0 for one
+    measured on a busy machine; rows without the columns weigh 1)."""
+    from swarmfactory.evidence.quality import weight
+
+    return weight(row["speedup"], row.get("ci_low"), row.get("ci_high"), row.get("contention", row.get("evidence")))
+
+
+def _weighted(pairs: list[tuple[float, float]]) -> float:
+    """The weighted mean of (value, weight) pairs."""
+    total = sum(w for _, w in pairs)
+    return float(sum(v * w for v, w in pairs) / total)
 
 
 def _value(cfg: Config, scope: list[str] | None) -> float | None:

@@ -21,6 +21,9 @@ Features (names are shared across problems, so a knob or a family seen before me
 Rows of the problem being searched, on this machine, weigh at least ``OWN_WEIGHT`` times a
 transferred row, and together grow to the weight of everything transferred by ``OWN_SHARE_AT``
 rows of their own: as its own evidence accumulates it takes over from what was transferred.
+Every row's weight is also multiplied by its measurement quality (``evidence/quality.py``:
+``(1 - suffered) / (1 + relative CI width)``); ``inconclusive`` verdicts and measurements taken on
+a busy machine make no row at all.
 """
 
 from __future__ import annotations
@@ -112,27 +115,34 @@ class Row:
     knobs: dict[str, Any]
     log_speedup: float | None      # None: the configuration failed
     target: float = 0.0            # relative log speedup (set by ``relative_targets``)
+    weight: float = 1.0            # its measurement's quality (evidence/quality.py); failures weigh 1
 
 
-def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup: float | None) -> Row | None:
-    """A training row, or None for an outcome that says nothing about speed."""
-    if outcome in CORRECT and speedup:
+def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup: float | None,
+             weight: float = 1.0) -> Row | None:
+    """A training row, or None for an outcome that says nothing about speed (``inconclusive``,
+    ``verified``; a measurement of ``weight`` 0, taken on a busy machine)."""
+    if outcome in CORRECT and speedup and weight > 0:
         log_s = math.log(speedup)
     elif outcome in FAILED:
-        log_s = None
+        log_s, weight = None, 1.0
     else:
         return None
     feats = {**problem_features(problem), **hardware_features(hardware), **knob_features(knobs)}
-    return Row(problem.name, (hardware or {}).get("id", "?"), feats, dict(knobs), log_s)
+    return Row(problem.name, (hardware or {}).get("id", "?"), feats, dict(knobs), log_s, weight=weight)
 
 
 def rows_from_evidence(evidence: Iterable[dict], problems: dict | None = None) -> list[Row]:
     """Rows from ``Store.knob_evidence`` (or recorded sweep) dicts: problem, hardware, knobs,
-    outcome, speedup. A configuration evaluated several times on one machine counts once, at the
-    geometric mean of its speedups (failed if it ever failed). Problems that cannot be loaded
-    here (a user's file that moved) are skipped."""
-    from swarmfactory.problems import ProblemError, load_problem
+    outcome, speedup (and, where recorded, ci_low, ci_high, contention). A configuration
+    evaluated several times on one machine counts once (failed if it ever failed), at the
+    geometric mean of its speedups weighted by their measurement quality
+    (``evidence.quality.weight``; a measurement on a busy machine weighs 0 and is left out), the
+    row weighing as much as its best measurement. Problems that cannot be loaded here (a user's
+    file that moved) are skipped."""
     from swarmfactory.agents.base import knob_key
+    from swarmfactory.evidence.quality import weight
+    from swarmfactory.problems import ProblemError, load_problem
 
     groups: dict[tuple, list[dict]] = {}
     for ev in evidence:
@@ -152,12 +162,15 @@ def rows_from_evidence(evidence: Iterable[dict], problems: dict | None = None) -
         if problem is None:
             continue
         failed = [e for e in evs if e["outcome"] in FAILED]
-        good = [e["speedup"] for e in evs if e["outcome"] in CORRECT and e.get("speedup")]
+        good = [(e["speedup"], w) for e in evs if e["outcome"] in CORRECT and e.get("speedup")
+                for w in [weight(e["speedup"], e.get("ci_low"), e.get("ci_high"), e.get("contention", e.get("evidence")))]
+                if w > 0]
         if failed:
             row = make_row(problem, evs[0].get("hardware"), evs[0]["knobs"], failed[0]["outcome"], None)
         elif good:
+            total = sum(w for _, w in good)
             row = make_row(problem, evs[0].get("hardware"), evs[0]["knobs"], "faster",
-                           math.exp(sum(math.log(s) for s in good) / len(good)))
+                           math.exp(sum(math.log(s) * w for s, w in good) / total), max(w for _, w in good))
         else:
             row = None
         if row is not None:
@@ -218,7 +231,7 @@ class CostModel:
         # as everything transferred once it has OWN_SHARE_AT rows of its own
         share = min(1.0, n_own / OWN_SHARE_AT)
         w_own = max(OWN_WEIGHT, share * n_other / n_own) if n_own else 0.0
-        w = np.where(mine, w_own, 1.0)
+        w = np.where(mine, w_own, 1.0) * np.array([r.weight for r in rows])  # times each row's quality
         rng = np.random.default_rng(self.seed)
         self.fitted = []
         for _ in range(self.models):

@@ -11,9 +11,11 @@ import html
 import math
 from datetime import datetime, timezone
 
-# One colour per verdict, the same everywhere (green: faster, amber: correct but not faster).
-OUTCOME_COLORS = {"faster": "#1a7f37", "not_faster": "#d4a72c", "wrong": "#d1242f", "cheated": "#8250df",
-                  "build_failed": "#6e7781", "crashed": "#bc4c00", "timed_out": "#0969da"}
+# One colour per verdict, the same everywhere (green: faster, amber: correct but not faster; teal
+# and light grey: correct with no speed claim, not timed or too busy to time).
+OUTCOME_COLORS = {"faster": "#1a7f37", "not_faster": "#d4a72c", "verified": "#1b7c83", "inconclusive": "#afb8c1",
+                  "wrong": "#d1242f", "cheated": "#8250df", "build_failed": "#6e7781", "crashed": "#bc4c00",
+                  "timed_out": "#0969da", "needs_device": "#57606a"}
 OUTCOME_ORDER = list(OUTCOME_COLORS)
 SERIES_COLORS = ["#1f6feb", "#d1242f", "#1a7f37", "#8250df", "#bc4c00", "#0598bc", "#bf3989", "#57606a"]
 FONT = 'font-size="13" font-family="system-ui,sans-serif"'

@@ -13,7 +13,8 @@ from swarmfactory.swarm.summary import summarize
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}pre{background:#f7f7f7;padding:1em;
-overflow:auto;font-size:12px}h2{border-bottom:2px solid #444;margin-top:2em}.muted{color:#777}"""
+overflow:auto;font-size:12px}h2{border-bottom:2px solid #444;margin-top:2em}.muted{color:#777}
+.warning{color:#9a6700;font-weight:600}"""
 
 
 def _e(x) -> str:
@@ -42,6 +43,20 @@ def _chart_title(p: dict, final: dict | None) -> str:
         text += (f"; champion {final['speedup']:.2f}x [{_f(final['ci_low'])}, {_f(final['ci_high'])}], "
                  f"{what} (red, with its 95% CI)")
     return f'<p class="chart">{text}</p>'
+
+
+def _confirmation(c: dict) -> str:
+    """When and under what contention the champion was last confirmed (``summary._confirmed``)."""
+    conf = c.get("confirmed")
+    if conf is None:
+        text = "not confirmed by a measurement on this hardware"
+    else:
+        by = "its re-measure" if conf["purpose"] == "remeasure" else f"{conf['purpose']} evaluation"
+        text = (f"last confirmed {str(conf['at'])[:19]} UTC by {by} {conf['evaluation_id']} at "
+                f"{_f(conf['speedup'])}x ({conf['contention']})")
+    if c.get("unconfirmed"):
+        text += f"; since then: {c['unconfirmed']}"
+    return text
 
 
 def lineage(store: Store, candidate_id: str, limit: int = 30) -> list[dict]:
@@ -83,6 +98,8 @@ def render(store: Store, run_id: str | None = None) -> str:
         for r in s["llm"]:
             parts.append("<tr>" + "".join(f"<td>{_e(r.get(c, 0))}</td>" for c in cols) + "</tr>")
         parts.append("</table>")
+    for line in s.get("warnings") or []:
+        parts.append(f"<p class='warning'>{_e(line)}</p>")
     if any(p["outcomes"] for p in s["problems"]):
         parts.append("<h2>Verdicts</h2>")
         parts.append(stacked_bars_svg([(p["problem"], p["outcomes"]) for p in s["problems"]]))
@@ -96,7 +113,9 @@ def render(store: Store, run_id: str | None = None) -> str:
         c = p["champion"]
         final = None
         if c and c["speedup"] is not None:
-            remeasured = str(c["reason"]).startswith("re-measured")
+            conf = c.get("confirmed") or {}
+            remeasured = (conf.get("purpose") == "remeasure" and conf.get("run_id") == s["run_id"]
+                          if conf else str(c["reason"]).startswith("re-measured"))
             final = {"speedup": c["speedup"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
                      "remeasured": remeasured, "label": "champion, re-measured" if remeasured else "champion"}
         parts.append(_chart_title(p, final))
@@ -113,6 +132,7 @@ def render(store: Store, run_id: str | None = None) -> str:
         parts.append(f"<p><b>champion</b> {_e(c['candidate_id'])} by {_e(c['agent'])}/{_e(c['operator'])}: "
                      f"{_f(c['speedup'])}x [{_f(c['ci_low'])}, {_f(c['ci_high'])}]{when} over {_e(c['baseline'])}; "
                      f"{_f(c['vs_reference'])}x the eager reference; roofline {_f(c['roofline_fraction'], '.0%')}</p>")
+        parts.append(f"<p class='confirmed'>{_e(_confirmation(c))}</p>")
         parts.append("<table><tr><th>shape</th><th>baseline us</th><th>reference us</th><th>champion us</th>"
                      "<th>speedup [95% CI]</th><th>roofline</th></tr>")
         for sh in c["shapes"]:

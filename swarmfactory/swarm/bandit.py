@@ -1,7 +1,8 @@
 """Budget sharing among agents: Thompson sampling on each agent's yield.
 
 A turn's reward is 1 when the proposal became a champion, 0.3 when it was correct and faster than
-the baseline, 0 otherwise (failures, duplicates, nothing to propose). Rewards are fractional
+the baseline, 0 otherwise (failures, duplicates, nothing to propose); an ``inconclusive`` verdict
+(correct, the machine too busy to time it) is neither a win nor a loss. Rewards are fractional
 Beta updates; agents that produce improvements get more turns, and no agent is ever starved:
 the Beta(1, 1) prior keeps every arm's chance of a turn above zero.
 """
@@ -27,6 +28,7 @@ class Arm:
 
 
 REWARD = {"champion": 1.0, "faster": 0.3}
+CORRECT = ("faster", "not_faster", "verified", "inconclusive")  # passed verification
 
 
 class Bandit:
@@ -47,9 +49,11 @@ class Bandit:
         r = REWARD["champion"] if champion else REWARD["faster"] if outcome == "faster" else 0.0
         arm.turns += 1
         arm.proposals += 1
-        arm.correct += outcome in ("faster", "not_faster")
+        arm.correct += outcome in CORRECT
         arm.faster += outcome == "faster"
         arm.champions += champion
+        if outcome == "inconclusive" and not champion:
+            return  # correct, but the machine was too busy to say how fast: neither a win nor a loss
         arm.wins += r
         arm.losses += 1.0 - r
 

@@ -4,8 +4,13 @@ The coordinator is a ``Factory`` of ``swarm/contract.py``, whose ``drive`` is th
 factory's tuner runs on the same one). Per turn: pick a problem (round robin), ask agents in
 bandit order for a proposal, drop duplicates (content hash, across runs on this hardware and
 validation set), submit to the executor, and when a verdict returns: record it (its own
-transaction), update the champion, reward the agent. A ``kill -9`` loses only the evaluations in flight; ``resume`` continues the
-run with the budget it had left. At the end each champion is re-measured before it is announced.
+transaction), let it compete for the title (swarm/succession.py: only a ``faster`` verdict
+measured on a machine that was not busy takes it), reward the agent. A candidate whose verdict
+was ``inconclusive`` (the machine too busy to time it) is measured again later, up to
+``RETRIES`` times. A ``kill -9`` loses only the evaluations in flight; ``resume`` continues the
+run with the budget it had left. At the end each champion is re-measured before it is announced:
+confirmed, kept unconfirmed, or demoted and succeeded by a fresh re-measure of the best retained
+candidate.
 The analyst turns the evidence into lessons at the start, every ``ANALYST_EVERY`` evaluations of
 a problem and at the end; the boards carry the lessons that apply (prompt lines, knob priors).
 
@@ -30,6 +35,7 @@ from swarmfactory.agents import make_agents
 from swarmfactory.agents.base import Board, Entry, Proposal, knob_key
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence.leases import CLAIMED, Leases
+from swarmfactory.evidence.quality import weight
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
@@ -41,12 +47,14 @@ from swarmfactory.problems import Problem, resolve_problems
 from swarmfactory.swarm.bandit import Bandit
 from swarmfactory.swarm.contract import Factory, drive, result
 from swarmfactory.swarm.executors import Executor, ExecutorError, make_executor
-from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
+from swarmfactory.swarm.succession import contend, rank_by_best, reverify_and_succeed
 from swarmfactory.validation import drawn_evidence, validation_set
 
 
 ADVERSARY_EVERY = 8      # evaluations of a problem between adversary turns (and after a new champion)
 ADVERSARY_TARGETS = 3    # retained candidates the adversary aims at: the champion and the next best
+RETRIES = 2              # an inconclusive candidate is measured again at most this many times
+RETRY_AFTER_S = 20.0     # ... and not before this long after its inconclusive verdict
 PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
 ANALYST_EVERY = 10       # evaluations of a problem between analyst passes (also at the start and the end)
 ORPHANS_EVERY = 5.0      # seconds between looks for expired leases of dead coordinators to take over
@@ -72,6 +80,9 @@ class ProblemState:
     since_analysis: int = 0
     knowledge: Knowledge = field(default_factory=Knowledge)   # lessons that apply, as the board carries them
     draw: int = 0  # the next draw of full-size model cases (Problem.model_cases); one per evaluation
+    # candidates whose verdict was ``inconclusive`` (the machine too busy to time them): measured
+    # again once their time comes (monotonic seconds), at most ``RETRIES`` times each
+    retry: list[tuple[float, Proposal, str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +99,7 @@ class Job:
     attempts: int = 0
     draw: int | None = None
     drawn: list = field(default_factory=list)  # the model cases drawn for it, beside the validation set
+    retry: int = 0   # > 0: measured again after that many inconclusive verdicts (no lease: it is ours)
 
 
 class NullProgress:
@@ -130,6 +142,7 @@ class Coordinator(Factory):
         self.bandit = Bandit(list(self.agents), self.rng)
         measure, verify = self._cpu_split(config.parallel)
         self.harness = Harness(HarnessConfig(rounds=config.rounds, min_effect=config.min_effect,
+                                             objective=config.objective,
                                              compile_baselines=config.compile_baselines,
                                              measure_cpus=measure, verify_cpus=verify), store=store)
         try:
@@ -172,17 +185,22 @@ class Coordinator(Factory):
                     st.seen.add(ev["candidate_id"])
                 cand = self.store.candidate(ev["candidate_id"])
                 if cand is not None and ev["purpose"] in ("search", "eval"):
-                    st.entries.append(self._entry(cand, ev["outcome"], ev["speedup"], ev["detail"]))
-            champ = self.store.champion(p)
-            if champ is not None:
-                cand = self.store.candidate(champ["candidate_id"])
-                st.champion = self._entry(cand, "faster", champ["speedup"], "champion")
+                    st.entries.append(self._entry(cand, ev["outcome"], ev["speedup"], ev["detail"],
+                                                  weight(ev["speedup"], ev["ci_low"], ev["ci_high"], ev["evidence"])))
+            self._sync_champion(st)
             states[p.name] = st
         return states
 
     @staticmethod
-    def _entry(cand: dict, outcome: str, speedup, detail: str) -> Entry:
-        return Entry(cand["id"], cand["knobs"], outcome, speedup, cand["agent"], cand["generation"], detail)
+    def _entry(cand: dict, outcome: str, speedup, detail: str, quality: float = 1.0) -> Entry:
+        return Entry(cand["id"], cand["knobs"], outcome, speedup, cand["agent"], cand["generation"], detail, quality)
+
+    def _sync_champion(self, st: ProblemState) -> None:
+        """The board's champion: the store's (another coordinator on this hardware, an ``eval``
+        or a re-measure may have changed it), at its confirmed figure."""
+        champ = self.store.champion(st.problem)
+        cand = self.store.candidate(champ["candidate_id"]) if champ else None
+        st.champion = self._entry(cand, "faster", champ["speedup"], "champion") if cand else None
 
     def _done_in_run(self) -> int:
         return sum(1 for e in self.store.evaluations(run_id=self.run_id) if e["purpose"] == "search")
@@ -286,7 +304,7 @@ class Coordinator(Factory):
         return f"{job.st.problem.name}/{job.cid}"
 
     def fresh(self, job: Job) -> bool:
-        return job.orphan or job.cid not in job.st.seen
+        return job.orphan or job.retry > 0 or job.cid not in job.st.seen
 
     def mark(self, job: Job) -> None:
         job.st.seen.add(job.cid)
@@ -294,19 +312,24 @@ class Coordinator(Factory):
     def propose(self) -> Job | None:
         cfg = self.config
         budget_left = cfg.budget and cfg.budget - self._done - self._in_flight
-        job = self._orphan_job(self.states) or self._next_job(self.states, self._turn, budget_left)
+        job = (self._orphan_job(self.states) or self._retry_job(self.states)
+               or self._next_job(self.states, self._turn, budget_left))
         self._turn += 1
         return job
 
     def submit(self, job: Job):
         st, prop, cid = job.st, job.prop, job.cid
-        claim = self.leases.claim(st.problem, cid, st.vversion)
-        if claim.status != CLAIMED:  # another coordinator holds it or has done it
-            self.duplicates += 1
-            return None
+        if job.retry:  # measured here before, inconclusive: its lease is done, the measurement ours
+            attempts = 1
+        else:
+            claim = self.leases.claim(st.problem, cid, st.vversion)
+            if claim.status != CLAIMED:  # another coordinator holds it or has done it
+                self.duplicates += 1
+                return None
+            attempts = claim.attempts
         self.store.record_candidate(prop.record(st.problem, self.run_id))  # a taker-over finds its source
         st.pending[cid] = Entry(cid, prop.knobs, "pending", None, prop.agent, prop.generation)
-        job.vversion, job.attempts = st.vversion, claim.attempts
+        job.vversion, job.attempts = st.vversion, attempts
         job.draw, st.draw = st.draw, st.draw + 1
         job.drawn = st.problem.model_cases(job.draw)
         self._in_flight += 1
@@ -321,17 +344,21 @@ class Coordinator(Factory):
             verdict.evidence["lease"] = f"taken over after {job.attempts - 1} expired lease(s)"
         if job.drawn:
             verdict.evidence["model_draw"] = drawn_evidence(job.draw, job.drawn)
+        if job.retry:
+            verdict.evidence["retry"] = f"measured again after {job.retry} inconclusive verdict(s)"
+        if verdict.outcome == Outcome.INCONCLUSIVE and job.retry < RETRIES:
+            st.retry.append((time.monotonic() + RETRY_AFTER_S, job.prop, job.cid, job.retry + 1))
         if self._complete(st, job.prop, job.cid, verdict, job.vversion) or st.since_adversary >= ADVERSARY_EVERY:
             self._adversary_turn(st)
         self._keep_drawn_failure(st, job, verdict)
         if st.since_analysis >= ANALYST_EVERY:
             self._learn([st])
 
-    def thinking(self) -> bool:
-        return any(a.busy() for a in self.agents.values())
+    def thinking(self) -> bool:  # an agent is answering, or an inconclusive candidate waits its turn
+        return any(a.busy() for a in self.agents.values()) or any(s.retry for s in self.states.values())
 
     def finished(self) -> bool:
-        return all(s.exhausted for s in self.states.values())
+        return all(s.exhausted and not s.retry for s in self.states.values())
 
     def _orphan_job(self, states: dict[str, ProblemState]):
         """A candidate whose lease expired before its verdict was recorded (its coordinator died):
@@ -347,6 +374,16 @@ class Coordinator(Factory):
                 return Job(st, Proposal(cand["source"], cand["agent"], cand["operator"], cand["knobs"],
                                         list(cand["parents"] or []), cand["generation"], cand["backend"]), cid,
                            orphan=True)
+        return None
+
+    def _retry_job(self, states: dict[str, ProblemState]) -> Job | None:
+        """An inconclusive candidate whose time to be measured again has come (oldest first)."""
+        now = time.monotonic()
+        for st in states.values():
+            for i, (at, prop, cid, n) in enumerate(st.retry):
+                if at <= now and cid not in st.pending:
+                    del st.retry[i]
+                    return Job(st, prop, cid, retry=n)
         return None
 
     def _next_job(self, states: dict[str, ProblemState], turn: int, budget_left):
@@ -399,18 +436,17 @@ class Coordinator(Factory):
         if self.leases is not None:
             self.leases.release(st.problem, cid, vversion)
         entry = Entry(cid, prop.knobs, verdict.outcome.value, verdict.speedup, prop.agent,
-                      prop.generation, verdict.detail)
+                      prop.generation, verdict.detail,
+                      weight(verdict.speedup, verdict.ci_low, verdict.ci_high, verdict.evidence))
         st.entries.append(entry)
         st.since_adversary += 1
         st.since_analysis += 1
         self.counts[verdict.outcome.value] += 1
-        improved = (verdict.outcome == Outcome.FASTER
-                    and (st.champion is None or verdict.speedup > (st.champion.speedup or 0)))
-        if improved:
-            before = f"{st.champion.speedup:.2f}x" if st.champion else "none"
-            self.store.set_champion(st.problem, cid, eval_id, verdict.speedup, self.run_id,
-                                    f"{verdict.speedup:.2f}x > {before} by {prop.agent}/{prop.operator}")
-            st.champion = entry
+        decision = contend(self.store, st.problem, eval_id, self.run_id, self._remeasurer(st))
+        improved = decision.crowned == cid
+        if decision.change:
+            log.info("%s: %s", st.problem.name, decision.change)
+        self._sync_champion(st)
         if prop.agent in self.agents:
             self.bandit.reward(prop.agent, verdict.outcome.value, improved)
         return improved
@@ -478,34 +514,43 @@ class Coordinator(Factory):
         return out[-50:]
 
     def reverify(self, st: ProblemState) -> None:
-        """The validation set grew: re-verify the champion; a failing one is dethroned and the next
-        correct candidate that passes today's cases takes its place."""
+        """The validation set grew: re-verify the champion; a failing one is dethroned and the best
+        retained candidates are re-measured afresh, the first faster one taking its place."""
         st.cases, st.vversion = validation_set(st.problem, self.store)
         if self.store.champion(st.problem) is None:
             return
         ranked = rank_by_best((e.candidate_id, e.speedup) for e in st.entries if e.correct)
-        res = reverify_and_succeed(self.store, self.harness, st.problem, st.cases, st.vversion, ranked, self.run_id)
+        res = reverify_and_succeed(self.store, self.harness, st.problem, st.cases, st.vversion, ranked, self.run_id,
+                                   remeasure=self._remeasurer(st))
         failed = {r["candidate_id"]: r["outcome"] for r in res["rows"] if not r["passes"]}
         for e in st.entries:
             if e.candidate_id in failed:
                 e.outcome = failed[e.candidate_id]
-        st.champion = next((e for e in st.entries if e.candidate_id == res["champion"] and e.correct), None)
+        if res["change"]:
+            log.info("%s: %s", st.problem.name, res["change"])
+        self._sync_champion(st)
+
+    def _remeasurer(self, st: ProblemState):
+        """A fresh re-measure of a candidate (verified on today's cases first, on the executor's
+        hardware), recorded with purpose ``remeasure``: what succession calls."""
+        def remeasure(cand: dict) -> int:
+            verdict = result(self.executor.submit(st.problem, cand["source"], st.cases))
+            return self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
+        return remeasure
 
     def _remeasure(self, states: dict[str, ProblemState]) -> None:
-        """Champions are re-measured (and re-verified) before they are announced."""
+        """Champions are re-measured (and re-verified) before they are announced: confirmed,
+        kept unconfirmed (inconclusive), or demoted and succeeded (swarm/succession.py)."""
         for st in states.values():
             champ = self.store.champion(st.problem)
             if champ is None:
                 continue
             cand = self.store.candidate(champ["candidate_id"])
-            verdict = result(self.executor.submit(st.problem, cand["source"], st.cases))
-            eval_id = self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
-            if verdict.outcome.measured:
-                self.store.set_champion(st.problem, cand["id"], eval_id, verdict.speedup, self.run_id,
-                                        f"re-measured: {verdict.speedup:.2f}x [{verdict.ci_low:.2f}, {verdict.ci_high:.2f}]")
-            else:
-                self.store.set_champion(st.problem, None, eval_id, None, self.run_id,
-                                        f"dethroned at re-measure: {verdict.outcome.value}: {verdict.detail[:200]}")
+            remeasure = self._remeasurer(st)
+            decision = contend(self.store, st.problem, remeasure(cand), self.run_id, remeasure)
+            if decision.change:
+                log.info("%s: %s", st.problem.name, decision.change)
+            self._sync_champion(st)
 
     def _champion_speedups(self, states) -> dict[str, float | None]:
         return {n: (s.champion.speedup if s.champion else None) for n, s in states.items()}

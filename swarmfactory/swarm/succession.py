@@ -1,7 +1,216 @@
-"""Champion succession: when the validation set grows, re-verify; a champion that fails is
-dethroned and the best candidate that passes today's cases takes its place."""
+"""The title: who is the champion of a problem on a machine, and why it still is.
+
+One place decides it: ``contend``, called after every recorded evaluation, whichever path
+recorded it (a run's search and re-measure, ``eval``, a re-verification, another coordinator on
+the same hardware id writing to the same store). The champions table is append-only: every step
+is a row with its reason, and the latest row is the title as it stands.
+
+The rules (a measurement is *busy* by ``evidence.quality.busy``; unknown contention is not busy):
+
+* A ``faster`` measurement, not busy, whose median speedup is above the champion's confirmed one
+  (or with no champion) takes the title. An ``inconclusive`` or busy measurement never does.
+* A measurement of the champion itself (a run's end re-measure; an ``eval`` of its source):
+  ``faster`` and not busy *confirms* it at that figure; ``inconclusive``, ``verified``,
+  ``needs_device`` or busy leaves the title, not confirmed (a row says so and since when it was
+  last confirmed); anything else (``not_faster``, a rejection) demotes it at once, and the best
+  retained candidates (by their best ``faster`` figure, not busy) are re-measured afresh, at most
+  ``SUCCESSORS`` of them: the first ``faster`` one (not busy) takes the title, else there is none.
+* Re-verification when the validation set grows: a champion that fails is dethroned and the same
+  succession by fresh re-measure follows.
+
+A champion's *confirmation* is its latest ``faster`` measurement that holds the title (the
+evaluation that crowned it, or its latest confirming re-measure): when, and under what
+contention, it was last shown to be faster (``confirmation``). The engine takes a champion only
+if that was not busy (``busy_refusal``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarmfactory.contention import BUSY
+from swarmfactory.evidence.quality import busy, describe
+from swarmfactory.harness.outcome import Outcome
+
+SUCCESSORS = 3   # retained candidates re-measured, best first, after a demotion
+NO_CLAIM = ("inconclusive", "verified", "needs_device")   # correct, no speed claim either way
+MEASURED = ("faster", "not_faster")
+CORRECT = tuple(o.value for o in Outcome if o.correct)
+
+# A fresh re-measure of a candidate record: measures it (verifying it on today's cases first),
+# records the verdict (purpose "remeasure") and returns the evaluation's id.
+Remeasure = Callable[[dict], int]
+
+
+@dataclass
+class Decision:
+    """What a call did to the title: ``change`` a line for the log (None: nothing changed
+    hands), ``crowned`` the candidate that took the title from another (or from none)."""
+
+    change: str | None = None
+    crowned: str | None = None
+
+
+def claims_title(ev: dict) -> bool:
+    """A measurement that may take (or confirm) the title: ``faster``, with a figure, not busy."""
+    return ev["outcome"] == "faster" and bool(ev["speedup"]) and not busy(ev["evidence"])
+
+
+def speedup_text(ev: dict) -> str:
+    """``1.12x [0.95, 1.53]`` (the interval where there is one)."""
+    ci = (f" [{ev['ci_low']:.2f}, {ev['ci_high']:.2f}]" if ev["ci_low"] is not None and ev["ci_high"] is not None
+          else "")
+    return f"{ev['speedup']:.2f}x{ci}"
+
+
+def figure(ev: dict) -> str:
+    """``not_faster 1.12x [0.95, 1.53]``, ``inconclusive``, ``wrong: <detail>``."""
+    if ev["speedup"] is not None:
+        return f"{ev['outcome']} {speedup_text(ev)}"
+    if ev["outcome"] in CORRECT:
+        return ev["outcome"]
+    return f"{ev['outcome']}: {str(ev['detail'] or '')[:200]}"
+
+
+def _when(ev: dict) -> str:
+    t = ev.get("created_at")
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC") if hasattr(t, "strftime") else str(t or "?")[:19]
+
+
+def _by(ev: dict) -> str:
+    return "re-measure" if ev["purpose"] == "remeasure" else f"{ev['purpose']} evaluation {ev['id']}"
+
+
+def contend(store, problem, evaluation_id: int, run_id: str | None = None,
+            remeasure: Remeasure | None = None) -> Decision:
+    """Let recorded evaluation ``evaluation_id`` compete for the title of ``problem`` on the
+    store's hardware (the rules above). ``remeasure`` re-measures successors after a demotion
+    (without it a demoted champion has no successor). Evaluations of another problem version or
+    another machine change nothing."""
+    ev = store.evaluation(evaluation_id)
+    if (ev is None or ev["problem"] != problem.name or ev["problem_spec"] != problem.spec_hash()
+            or ev["hardware_id"] != store.hardware["id"]):
+        return Decision()
+    champ = store.champion(problem)
+    cid = ev["candidate_id"]
+    if champ is not None and champ["candidate_id"] == cid:
+        return _judge_champion(store, problem, champ, ev, run_id, remeasure)
+    if not claims_title(ev):
+        return Decision()
+    held = (champ["speedup"] or 0.0) if champ else None
+    if held is not None and ev["speedup"] <= held:
+        return Decision()
+    cand = store.candidate(cid) or {}
+    before = f"{held:.2f}x" if held is not None else "none"
+    reason = (f"{ev['speedup']:.2f}x > {before} by {cand.get('agent', '?')}/{cand.get('operator', '?')} "
+              f"({_by(ev)}, {describe(ev['evidence'])})")
+    store.set_champion(problem, cid, ev["id"], ev["speedup"], run_id, reason)
+    return Decision(f"{cid} takes the title: {reason}", cid)
+
+
+def _judge_champion(store, problem, champ: dict, ev: dict, run_id, remeasure) -> Decision:
+    cid = ev["candidate_id"]
+    if claims_title(ev):
+        store.set_champion(problem, cid, ev["id"], ev["speedup"], run_id,
+                           f"re-measured: {speedup_text(ev)}, confirmed ({_by(ev)}, {describe(ev['evidence'])})")
+        return Decision(f"champion {cid} confirmed: {figure(ev)}")
+    measured_busy = ev["outcome"] in MEASURED and busy(ev["evidence"])
+    if ev["outcome"] in NO_CLAIM or measured_busy:
+        what = f"{ev['outcome']} on a busy machine" if measured_busy else ev["outcome"]
+        last = confirmation(store, problem, cid)
+        since = (f"last confirmed {_when(last)} (evaluation {last['id']}, {describe(last['evidence'])})"
+                 if last else "never confirmed by a measurement here")
+        store.set_champion(problem, cid, champ["evaluation_id"], champ["speedup"], run_id,
+                           f"re-measured: {what} ({describe(ev['evidence'])}): title kept, not confirmed; {since}")
+        return Decision(f"champion {cid} keeps the title, not confirmed: {what}; {since}")
+    held = f"{champ['speedup']:.2f}x" if champ["speedup"] else "?"
+    store.set_champion(problem, None, ev["id"], None, run_id,
+                       f"demoted {cid} at {_by(ev)}: {figure(ev)} (held at {held})")
+    return succeed(store, problem, remeasure, run_id, cid, f"champion {cid} demoted: {figure(ev)}")
+
+
+def retained(store, problem) -> list[tuple[str, float]]:
+    """Candidates that may succeed a demoted champion, best first, with their best ``faster``
+    figure (not busy) here: their latest evaluation here is correct, and their latest measurement
+    (not busy) is ``faster`` (one a later measurement found not faster is not retried)."""
+    spec = problem.spec_hash()
+    latest: dict[str, dict] = {}
+    measured: dict[str, dict] = {}
+    best: dict[str, float] = {}
+    for e in store.evaluations(problem=problem.name, this_hardware=True):
+        if e["problem_spec"] != spec:
+            continue
+        latest[e["candidate_id"]] = e
+        if e["outcome"] in MEASURED and not busy(e["evidence"]):
+            measured[e["candidate_id"]] = e
+            if e["outcome"] == "faster" and e["speedup"]:
+                best[e["candidate_id"]] = max(best.get(e["candidate_id"], 0.0), e["speedup"])
+    keep = [(cid, s) for cid, s in best.items()
+            if latest[cid]["outcome"] in CORRECT and measured[cid]["outcome"] == "faster"]
+    return sorted(keep, key=lambda r: r[1], reverse=True)
+
+
+def succeed(store, problem, remeasure: Remeasure | None, run_id, demoted: str, change: str) -> Decision:
+    """After ``demoted`` lost the title: fresh re-measures of the best retained candidates, the
+    first ``faster`` one (not busy) taking the title; each try is a champions row."""
+    if remeasure is None:
+        return Decision(f"{change}; no successor re-measured: no champion")
+    tried = 0
+    for cid, best in retained(store, problem):
+        if cid == demoted:
+            continue
+        if tried >= SUCCESSORS:
+            break
+        cand = store.candidate(cid)
+        if cand is None:
+            continue
+        tried += 1
+        ev = store.evaluation(remeasure(cand))
+        if ev is not None and claims_title(ev):
+            reason = (f"replaces demoted {demoted}: re-measured {speedup_text(ev)} ({describe(ev['evidence'])}); "
+                      f"best before {best:.2f}x")
+            store.set_champion(problem, cid, ev["id"], ev["speedup"], run_id, reason)
+            return Decision(f"{change}; {cid} ({ev['speedup']:.2f}x at a fresh re-measure) takes its place", cid)
+        store.set_champion(problem, None, ev["id"] if ev else None, None, run_id,
+                           f"successor {cid} not crowned: re-measured "
+                           f"{figure(ev) if ev else 'nothing'}; best before {best:.2f}x")
+    none = f"none of the next {tried} retained candidates passed a fresh re-measure" if tried else \
+        "no retained candidate to re-measure"
+    return Decision(f"{change}; {none}: no champion")
+
+
+def confirmation(store, problem, candidate_id: str) -> dict | None:
+    """The evaluation that last confirmed ``candidate_id`` as champion of ``problem`` here: the
+    ``faster`` evaluation of its latest champions row that names one; for rows that name none
+    (stores from before), its latest ``faster`` evaluation here. None if it has none."""
+    spec = problem.spec_hash()
+    rows = [r for r in store.champion_history(problem.name)
+            if r["problem_spec"] == spec and r["candidate_id"] == candidate_id]
+    seen = set()
+    for r in reversed(rows):
+        eid = r["evaluation_id"]
+        if not eid or eid in seen:
+            continue
+        seen.add(eid)
+        ev = store.evaluation(eid)
+        if ev is not None and ev["candidate_id"] == candidate_id and ev["outcome"] == "faster":
+            return ev
+    evs = [e for e in store.evaluations(problem=problem.name, candidate_id=candidate_id, this_hardware=True)
+           if e["problem_spec"] == spec and e["outcome"] == "faster"]
+    return evs[-1] if evs else None
+
+
+def busy_refusal(store, problem, candidate_id: str) -> str | None:
+    """Why the engine may not take ``candidate_id`` as a champion of ``problem`` here, or None:
+    its confirmation was measured on a busy machine."""
+    ev = confirmation(store, problem, candidate_id)
+    if ev is None or not busy(ev["evidence"]):
+        return None
+    return (f"candidate {candidate_id} of {problem.name} was last confirmed on a busy machine "
+            f"({describe(ev['evidence'])}; evaluation {ev['id']}, {_when(ev)}): a champion is taken only when "
+            f"confirmed with the timed code waiting for a CPU at most {BUSY:.0%} of the time; a re-measure "
+            f"on a quieter machine confirms it (the end of `swarmfactory run --problems {problem.name}`)")
 
 
 def rank_by_best(pairs) -> list[tuple[str, float]]:
@@ -16,10 +225,14 @@ def rank_by_best(pairs) -> list[tuple[str, float]]:
 
 
 def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: list[tuple[str, float]],
-                         run_id: str | None = None, check_all: bool = False) -> dict:
+                         run_id: str | None = None, check_all: bool = False,
+                         remeasure: Remeasure | None = None, fill_vacant: bool = False) -> dict:
     """``ranked``: (candidate id, best speedup), best first. Re-verifies in that order (all of them
     with ``check_all``, else up to the first that passes, the champion included); every failure
-    is recorded (purpose ``reverify``). Returns {"rows", "champion", "change"}."""
+    is recorded (purpose ``reverify``). A champion that fails is dethroned and succeeded by fresh
+    re-measure (``succeed``); with ``fill_vacant``, so is a title left vacant by an earlier
+    demotion (the engine's audit dethrones without a successor). Returns {"rows", "champion",
+    "change"}."""
     champ = store.champion(problem)
     champ_id = champ["candidate_id"] if champ else None
     order = ([(champ_id, champ["speedup"] or 0.0)] if champ_id else []) + [r for r in ranked if r[0] != champ_id]
@@ -28,10 +241,10 @@ def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: 
         cand = store.candidate(cid)
         prep = harness.prepare(problem, cand["source"], cases)
         row = {"candidate_id": cid, "agent": cand["agent"], "speedup": speedup,
-               "passes": prep.rejected is None, "outcome": None, "detail": None}
+               "passes": prep.rejected is None, "outcome": None, "detail": None, "evaluation_id": None}
         if prep.rejected is not None:
             verdict = harness.rejected_verdict(prep)
-            store.record_verdict(problem, cand, verdict, run_id, vversion, "reverify")
+            row["evaluation_id"] = store.record_verdict(problem, cand, verdict, run_id, vversion, "reverify")
             row.update(outcome=verdict.outcome.value, detail=verdict.detail)
         elif first_pass is None:
             first_pass = row
@@ -40,12 +253,13 @@ def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: 
             break
     change = None
     if champ_id and not rows[0]["passes"]:
-        store.set_champion(problem, None, None, None, run_id,
+        store.set_champion(problem, None, rows[0]["evaluation_id"], None, run_id,
                            f"dethroned {champ_id}: {rows[0]['outcome']} on validation set {vversion}")
-        change = f"champion {champ_id} dethroned"
-        if first_pass:
-            store.set_champion(problem, first_pass["candidate_id"], None, first_pass["speedup"], run_id,
-                               f"replaces dethroned {champ_id}: passes validation set {vversion}")
-            change += f"; {first_pass['candidate_id']} ({first_pass['speedup']:.2f}x) takes its place"
+        change = succeed(store, problem, remeasure, run_id, champ_id, f"champion {champ_id} dethroned").change
+    elif champ_id is None and fill_vacant:
+        history = [r for r in store.champion_history(problem.name) if r["problem_spec"] == problem.spec_hash()]
+        last = next((r["candidate_id"] for r in reversed(history) if r["candidate_id"]), None)
+        if last is not None:  # vacant since ``last`` lost it
+            change = succeed(store, problem, remeasure, run_id, last, f"the title was vacant since {last} lost it").change
     current = store.champion(problem)
     return {"rows": rows, "champion": current["candidate_id"] if current else None, "change": change}

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from swarmfactory.evidence.quality import busy, contention, describe
 from swarmfactory.evidence.store import Store
 from swarmfactory.problems import ProblemError, load_problem
+
+CORRECT = ("faster", "not_faster", "verified", "inconclusive")  # passed verification: not rejections
 
 
 def summarize(store: Store, run_id: str | None = None) -> dict:
@@ -58,7 +61,8 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
                      "vs_reference": ev and ev["vs_reference"],
                      "roofline_fraction": ev and ev["roofline_fraction"],
                      "baseline": ev and ev["baseline"], "shapes": ev["shapes"] if ev else [],
-                     "evaluation_id": final["evaluation_id"], "reason": final["reason"]}
+                     "evaluation_id": final["evaluation_id"], "reason": final["reason"],
+                     **_confirmed(store, problem, final)}
         started = None
         if start and start[-1]["candidate_id"]:
             started = {"candidate_id": start[-1]["candidate_id"], "speedup": start[-1]["speedup"]}
@@ -80,14 +84,18 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
             "designs": designs,
             "problem": problem.name, "evaluations": len(search), "outcomes": dict(outcomes),
             # verified and not measured (e.g. a GPU problem on a machine without a GPU) is no rejection
-            "rejected": {k: v for k, v in outcomes.items() if k not in ("faster", "not_faster", "verified")},
+            "rejected": {k: v for k, v in outcomes.items() if k not in CORRECT},
             "champion": champ, "started_from": started, "best_curve": best_curve,
+            # how many of the run's evaluations of it were measured on a busy machine, or could not be
+            "contention": {"busy": sum(busy(e["evidence"]) for e in mine),
+                           "inconclusive": sum(e["outcome"] == "inconclusive" for e in mine),
+                           "evaluations": len(mine)},
             "seconds": round(sum(e["seconds"] for e in mine), 1)})
     agents: dict[str, Counter] = defaultdict(Counter)
     champ_agents = Counter()
     for p in problems:
         for r in store.champion_history(p["problem"]):
-            improved = r["candidate_id"] and not r["reason"].startswith("re-measured")
+            improved = r["candidate_id"] and not r["reason"].startswith("re-measured")  # confirmations
             if r["run_id"] == run_id and improved:
                 champ_agents[store.candidate(r["candidate_id"])["agent"]] += 1
     for e in evs:
@@ -98,7 +106,7 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
         agents[a]["proposals"] += 1
         agents[a][e["outcome"]] += 1
     board = [{"agent": a, **dict(c), "champions": champ_agents.get(a, 0),
-              "correct": c["faster"] + c["not_faster"] + c["verified"]} for a, c in sorted(agents.items())]
+              "correct": sum(c[o] for o in CORRECT)} for a, c in sorted(agents.items())]
     llm: dict[str, Counter] = defaultdict(Counter)
     for call in store.llm_calls(run_id):
         row = llm[f"{call['agent']}|{call['model']}"]
@@ -120,7 +128,48 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
             "hardware_id": run["hardware_id"], "created_at": str(run["created_at"]),
             "finished_at": str(run["finished_at"]) if run["finished_at"] else None,
             "evaluations": sum(p["evaluations"] for p in problems), "problems": problems,
-            "agents": board}
+            "agents": board, "warnings": warnings(problems)}
+
+
+def _confirmed(store, problem, row: dict) -> dict:
+    """When and under what contention the champion of ``row`` was last confirmed (its latest
+    ``faster`` measurement holding the title) and, where a later measurement of it was
+    inconclusive or busy, that it is not confirmed since."""
+    from swarmfactory.swarm.succession import confirmation
+
+    if isinstance(problem, _Named):
+        return {"confirmed": None, "unconfirmed": None}
+    ev = confirmation(store, problem, row["candidate_id"])
+    confirmed = None
+    if ev is not None:
+        c = contention(ev["evidence"])
+        confirmed = {"evaluation_id": ev["id"], "at": str(ev["created_at"]), "purpose": ev["purpose"],
+                     "run_id": ev["run_id"], "speedup": ev["speedup"],
+                     "suffered": c.get("suffered") if c else None, "busy": busy(ev["evidence"]),
+                     "contention": describe(ev["evidence"])}
+    unconfirmed = None
+    if row["reason"].startswith("re-measured:") and "not confirmed" in row["reason"]:
+        unconfirmed = row["reason"].removeprefix("re-measured: ")
+    return {"confirmed": confirmed, "unconfirmed": unconfirmed}
+
+
+def warnings(problems: list[dict]) -> list[str]:
+    """One line per problem whose figures were measured on a busy machine: evaluations of the run
+    measured busy or inconclusive, or a champion last confirmed on a busy machine."""
+    out = []
+    for p in problems:
+        n = p.get("contention") or {}
+        parts = []
+        if n.get("busy"):
+            parts.append(f"{n['busy']} of {n['evaluations']} evaluations measured on a busy machine")
+        if n.get("inconclusive"):
+            parts.append(f"{n['inconclusive']} inconclusive (too busy to time)")
+        c = p.get("champion") or {}
+        if (c.get("confirmed") or {}).get("busy"):
+            parts.append(f"its champion was last confirmed on a busy machine ({c['confirmed']['contention']})")
+        if parts:
+            out.append(f"warning: {p['problem']}: " + "; ".join(parts) + ": these figures are less certain")
+    return out
 
 
 class _Named:

@@ -65,6 +65,27 @@ def test_rows_merge_repeats_and_failures():
     assert by[8].log_speedup is None and by[8].target < by[4].target  # a config that ever failed is a failure
 
 
+def test_rows_weigh_by_measurement_quality_and_busy_or_inconclusive_ones_teach_nothing():
+    busy = {"suffered": 0.4, "busy": True}
+    quiet = {"suffered": 0.0, "busy": False}
+    ev = [{"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 4}, "outcome": "faster", "speedup": 2.0,
+           "ci_low": 1.9, "ci_high": 2.1, "contention": quiet},
+          # twice as wide an interval relative to its figure, half the suffered share: less weight
+          {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 4}, "outcome": "faster", "speedup": 8.0,
+           "ci_low": 2.0, "ci_high": 14.0, "contention": {"suffered": 0.05, "busy": False}},
+          {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 4}, "outcome": "faster", "speedup": 90.0,
+           "ci_low": 80.0, "ci_high": 99.0, "contention": busy},
+          {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 8}, "outcome": "faster", "speedup": 50.0,
+           "ci_low": 40.0, "ci_high": 60.0, "contention": busy},
+          {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 2}, "outcome": "inconclusive",
+           "speedup": None, "contention": busy}]
+    by = {r.knobs["vw"]: r for r in rows_from_evidence(ev)}
+    assert set(by) == {4}  # measured only on a busy machine, or inconclusive: no row at all
+    w1, w2 = 1.0 / (1 + 0.2 / 2.0), 0.95 / (1 + 12.0 / 8.0)
+    expected = (w1 * math.log(2.0) + w2 * math.log(8.0)) / (w1 + w2)
+    assert by[4].log_speedup == pytest.approx(expected) and by[4].weight == pytest.approx(w1)
+
+
 @pytest.mark.parametrize("target", NEW)
 def test_trained_on_other_problems_it_ranks_a_new_problem_better_than_chance(sweep, target):
     """Spearman's rho between predicted and measured speedups of every configuration of a problem

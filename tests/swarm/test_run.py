@@ -5,12 +5,16 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from swarmfactory import contention
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence.store import Store
+from swarmfactory.harness.evaluate import HarnessConfig
+from swarmfactory.problems import load_problem
 from swarmfactory.swarm.coordinator import Coordinator
 from swarmfactory.swarm.summary import summarize
 
@@ -35,8 +39,9 @@ def test_run_on_two_problems_finds_valid_champions_within_budget(tmp_path):
         champ = p["champion"]
         assert champ is not None, p
         assert champ["speedup"] > 1.0 and champ["shapes"]
-        # the champion's own recorded evaluations are all correct
-        assert all(e["outcome"] in ("faster", "not_faster")
+        # the champion's own recorded evaluations are all correct (its re-measure may have found
+        # the machine too busy to time it: correct, no figure)
+        assert all(e["outcome"] in ("faster", "not_faster", "inconclusive")
                    for e in store.evaluations(candidate_id=champ["candidate_id"]))
     assert any(e["purpose"] == "remeasure" for e in store.evaluations(run_id=run_id))
 
@@ -45,13 +50,16 @@ def test_candidates_measured_before_are_not_measured_again(tmp_path):
     store = Store(str(tmp_path / "e.db"))
     cfg = RunConfig.build(problems="rmsnorm", budget=4, **FAST)
     first = Coordinator(cfg, store).run()
+    champ = store.champion(load_problem("rmsnorm"))
     second = Coordinator(cfg, store).run()
     ids_first = {e["candidate_id"] for e in search_evals(store, first)}
     ids_second = [e["candidate_id"] for e in search_evals(store, second)]
     assert len(ids_second) == 4 and len(set(ids_second)) == 4
     assert not ids_first & set(ids_second)
-    # the second run started from the first run's champion
-    assert summarize(store, second)["problems"][0]["started_from"] is not None
+    # the second run started from the first run's champion (none where the machine was too busy
+    # for the first run to time anything faster)
+    started = summarize(store, second)["problems"][0]["started_from"]
+    assert (started and started["candidate_id"]) == (champ and champ["candidate_id"])
 
 
 def test_a_template_that_only_breaks_leaves_the_run_healthy(tmp_path):
@@ -136,3 +144,82 @@ def test_a_drawn_model_shape_that_breaks_a_kernel_becomes_a_permanent_case(tmp_p
     assert ev["evidence"]["model_draw"]["draw"] == 0
     found = store.found_cases("rmsnorm")
     assert [(r["found_by"], r["shape"]) for r in found] == [("model-draw", {"rows": 1, "cols": 5120})]
+
+
+needs_psi = pytest.mark.skipif(not contention.pressure_available(),
+                               reason="no CPU pressure information (PSI) on this kernel")
+
+
+@contextmanager
+def hogs(cpu: int, n: int):
+    """``n`` busy loops pinned to ``cpu``, killed (with their session) however the test ends."""
+    procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+@needs_psi
+def test_a_run_on_a_busy_machine_crowns_nothing_and_measures_inconclusive_candidates_again(tmp_path, monkeypatch):
+    """Busy loops on the measurement CPU for the whole run: every timing is disturbed, so each
+    candidate's verdict is `inconclusive` (with the contention it was taken under), none is
+    crowned, and each is measured again later (up to RETRIES times), never learnt from."""
+    from swarmfactory.harness import rounds
+    from swarmfactory.swarm import coordinator
+
+    monkeypatch.setattr(coordinator, "RETRY_AFTER_S", 0.0)
+    monkeypatch.setattr(rounds, "WAIT_TOTAL_S", 2.0)  # the hogs never stop: do not wait for them long
+    store = Store(str(tmp_path / "e.db"))
+    cfg = RunConfig.build(problems="rmsnorm", budget=3, agents="seed", **{**FAST, "parallel": 2})
+    measure_cpu = sorted(os.sched_getaffinity(0))[-1]  # the coordinator measures on the last CPU
+    with hogs(measure_cpu, 2):
+        run_id = Coordinator(cfg, store).run()
+    evs = search_evals(store, run_id)
+    assert len(evs) == 3
+    assert all(e["outcome"] == "inconclusive" for e in evs), [(e["outcome"], e["detail"]) for e in evs]
+    assert all(e["evidence"]["contention"]["busy"] and e["speedup"] is None for e in evs)
+    # the seed agent's one candidate, then its retries
+    assert len({e["candidate_id"] for e in evs}) == 1
+    assert [e["evidence"].get("retry") is not None for e in evs] == [False, True, True]
+    assert store.champion(load_problem("rmsnorm")) is None
+    s = summarize(store, run_id)
+    assert s["problems"][0]["contention"]["inconclusive"] == 3
+    assert any("inconclusive" in w for w in s["warnings"])
+
+
+def test_an_evaluated_faster_kernel_competes_and_a_run_re_measures_it(tmp_path):
+    """`eval` of a faster kernel takes the title (when measured on a quiet machine); the next run
+    does not evaluate it again as a duplicate, re-measures the champion at its end, and either
+    confirms it or says it could not (never keeps a figure the re-measure contradicts)."""
+    from swarmfactory.api import evaluate
+    from swarmfactory.evidence.quality import busy
+
+    store = Store(str(tmp_path / "e.db"))
+    p = load_problem("rmsnorm")
+    res = evaluate(p, p.render(), store, HarnessConfig(rounds=3, compile_baselines=False))
+    crowned = res["outcome"] == "faster" and not busy(res["evidence"])
+    champ = store.champion(p)
+    assert (champ is not None and champ["candidate_id"] == res["candidate_id"]) == crowned
+    assert (res["champion_change"] is not None) == crowned
+    if not crowned:
+        pytest.skip(f"the kernel measured {res['outcome']} on this machine now: nothing to re-measure")
+    cfg = RunConfig.build(problems="rmsnorm", budget=1, agents="seed", **{**FAST, "remeasure_champions": True})
+    run_id = Coordinator(cfg, store).run()
+    assert res["candidate_id"] not in {e["candidate_id"] for e in search_evals(store, run_id)}
+    [re] = [e for e in store.evaluations(run_id=run_id) if e["purpose"] == "remeasure"
+            and e["candidate_id"] == res["candidate_id"]]
+    last = store.champion_history(p.name)[-1]
+    if re["outcome"] == "faster" and not busy(re["evidence"]):
+        assert last["candidate_id"] == res["candidate_id"] and "confirmed" in last["reason"]
+    elif re["outcome"] == "inconclusive" or busy(re["evidence"]):
+        assert last["candidate_id"] == res["candidate_id"] and "not confirmed" in last["reason"]
+    else:  # slower now: demoted at once
+        assert store.champion(p) is None or store.champion(p)["candidate_id"] != res["candidate_id"]

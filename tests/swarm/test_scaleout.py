@@ -31,6 +31,7 @@ def record(store, problem, cand, verdict, run_id, vversion):
     return store.record_evaluation(cand["id"], problem, verdict, run_id, vversion, tool_versions())
 
 
+MEASURED_OR_BUSY = ("faster", "not_faster", "inconclusive")
 FAST = dict(rounds=3, compile_baselines=False, parallel=2, remeasure_champions=False)
 CLI = [sys.executable, "-m", "swarmfactory.cli"]
 
@@ -69,7 +70,11 @@ def test_ray_run_records_verdicts_with_the_node_and_keeps_champions_per_hardware
     cfg = RunConfig.build(problems="rmsnorm", budget=2, executor="ray", **FAST)
     run_id = Coordinator(cfg, store).run()
     evs = search_evals(store, run_id)
-    assert len(evs) == 2 and all(e["outcome"] in ("faster", "not_faster") for e in evs), evs
+    # correct verdicts; on a small machine the Ray daemons themselves take the measurement CPU
+    # from the timed code, and the harness says so (`inconclusive`) instead of giving a figure
+    assert len(evs) == 2 and all(e["outcome"] in MEASURED_OR_BUSY for e in evs), \
+        [(e["outcome"], e["detail"]) for e in evs]
+    assert all(e["evidence"]["contention"]["rounds"] >= 3 for e in evs)
     nodes = {n["NodeID"] for n in ray_cluster.nodes()}
     for e in evs:
         node = e["evidence"]["node"]
@@ -77,8 +82,11 @@ def test_ray_run_records_verdicts_with_the_node_and_keeps_champions_per_hardware
     summary = summarize(store, run_id)["problems"][0]
     assert summary["started_from"] is None  # the other hardware's champion is not this one's
     champ = store.champion(p)
-    assert champ is not None and champ["candidate_id"] != planted["id"]
-    assert champ["hardware_id"] == evs[0]["hardware_id"]
+    if any(e["outcome"] == "faster" and not e["evidence"]["contention"]["busy"] for e in evs):
+        assert champ is not None and champ["candidate_id"] != planted["id"]
+        assert champ["hardware_id"] == evs[0]["hardware_id"]
+    else:  # nothing measured faster here on a quiet machine: no champion, and not the planted one
+        assert champ is None
     assert other.champion(p)["candidate_id"] == planted["id"]  # untouched by a faster-looking run here
     assert not [lz for lz in leases(store) if lz["state"] == "held"]
 
@@ -101,7 +109,7 @@ def test_a_ray_worker_killed_mid_evaluation_is_retried_once(ray_cluster):
         verdict = fut.result(timeout=300)
     finally:
         ex.shutdown()
-    assert verdict.outcome in (Outcome.FASTER, Outcome.NOT_FASTER), verdict.detail
+    assert verdict.outcome.value in MEASURED_OR_BUSY, verdict.detail
     assert "retried after worker death" in verdict.evidence["retried"]
     assert "WorkerCrashedError" in verdict.evidence["retried"] and "(retried after worker death)" in verdict.detail
 

@@ -2,8 +2,10 @@
 
 ``champion:q4_1_packed_matvec`` names the evidence store's current champion of that problem for
 this hardware; ``champion:q4_1_packed_matvec@ID`` pins candidate ID, which must have a correct
-evaluation (not_faster, faster or verified) of the current problem on this hardware, and no
-later failing one. The store is ``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``.
+evaluation (not_faster, faster, verified or inconclusive) of the current problem on this
+hardware, and no later failing one. Either is refused when the candidate's confirmation (its
+latest ``faster`` measurement holding the title, ``swarm/succession.py``) was measured on a busy
+machine. The store is ``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``.
 
 The candidate's source passes the harness's static check and is built exactly as the harness
 built it (default flags, the ABI declared ahead, the checks on what the compiler produced: the
@@ -71,6 +73,7 @@ def resolve(spec: str) -> Matvec:
     from swarmfactory.evidence.store import Store, StoreError
     from swarmfactory.harness.static import check_source
     from swarmfactory.problems import load_problem
+    from swarmfactory.swarm.succession import busy_refusal
 
     pin = parse(spec)
     problem = load_problem(PROBLEM)
@@ -100,6 +103,9 @@ def resolve(spec: str) -> Matvec:
                 raise NativeUnavailable(f"{spec}: candidate {pin} no longer passes the harness on this hardware "
                                         f"(latest: {evs[-1]['outcome']}) in {where}")
             speedup = evs[-1]["speedup"]
+        why = busy_refusal(store, problem, cand_id)  # a champion confirmed on a busy machine is not taken
+        if why:
+            raise NativeUnavailable(f"{spec}: {why}; in {where}")
         cand = store.candidate(cand_id)
     finally:
         store.engine.dispose()
