@@ -47,7 +47,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from swarmfactory.bench.serving import bench_sync, make_prompts  # noqa: E402
+from swarmfactory.bench.serving import LEVEL_REPEATS, bench_sync, make_prompts  # noqa: E402
+from swarmfactory.contention import BUSY  # noqa: E402
 from swarmfactory.engine.gguf_loader import bundled_model_path  # noqa: E402
 
 DEFAULT_CONCURRENCY = "1,4,16,64"
@@ -280,11 +281,16 @@ def _ms(lv: dict) -> str:
             f"TPOT {lv['tpot_ms_median']:.1f} / {lv['tpot_ms_p99']:.1f} ms (median / p99)  errors {lv['errors']}")
 
 
-def measure(proc: Proc, c: int, workload: tuple[int, int], level_index: int, args, warmup: int) -> dict:
+def measure(proc: Proc, c: int, workload: tuple[int, int], level_index: int, args, warmup: int,
+            name: str = "") -> dict:
     """One level on one server. Records the CPU share other work on the machine took during
-    the level (``others_cpu_share``: all busy CPU time less the server's and this process's,
-    over wall time x CPUs) and the 1-minute load average, so a disturbed run shows; a level
-    other work disturbed more than --max-others is measured again (at most --retries times)."""
+    the level (``contention``, from swarmfactory.bench.serving: ``others`` is the CPU time of
+    processes other than the server, its children and this one, over wall time x CPUs; a level
+    over ``contention.BUSY`` is measured again there, at most ``--level-repeats`` times, and
+    stays marked ``busy`` if it stays over) and the 1-minute load average, so a disturbed run
+    shows. ``others_cpu_share`` is ``contention["others"]`` (where it is unreadable: the
+    machine's busy time less the server's and this process's, warmup included); a level over
+    --max-others is measured again here too (at most --retries times)."""
     inp, outp = workload
     n = args.num_prompts or max(8, 2 * c)
     pid = proc.p.pid
@@ -292,16 +298,22 @@ def measure(proc: Proc, c: int, workload: tuple[int, int], level_index: int, arg
         before_quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
         b0, s0, o0, t0 = _busy_s(), _proc_cpu_s(pid), sum(os.times()[:2]), time.time()
         res = bench_sync(proc.url, [c], input_len=inp, output_len=outp, num_prompts=n,
-                         seed=level_seed(args.seed, inp, level_index), warmup=warmup)
+                         seed=level_seed(args.seed, inp, level_index), warmup=warmup, server_pid=pid,
+                         repeats=args.level_repeats)
         wall = time.time() - t0
         mine = _proc_cpu_s(pid) - s0 + sum(os.times()[:2]) - o0
         lv = res["levels"][0]
+        cont = lv.get("contention") or {}
         lv["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
-        lv["others_cpu_share"] = round(max(0.0, _busy_s() - b0 - mine) / (wall * (os.cpu_count() or 1)), 3)
+        lv["others_cpu_share"] = (round(cont["others"], 3) if cont.get("others") is not None else
+                                  round(max(0.0, _busy_s() - b0 - mine) / (wall * (os.cpu_count() or 1)), 3))
         lv["others_cpu_share_before"] = before_quiet
         lv["attempt"] = attempt + 1
         lv["server_cmd"] = shlex.join(proc.cmd)
-        log(f"  c={c}: {_ms(lv)}  others {lv['others_cpu_share']:.0%}")
+        log(f"  c={c}: {_ms(lv)}  others {lv['others_cpu_share']:.0%}"
+            + (f" ({cont['attempts']} attempts)" if cont.get("attempts", 1) > 1 else ""))
+        for line in res.get("warnings") or []:
+            log(f"  warning: {name + ': ' if name else ''}{line}")
         if lv["others_cpu_share"] <= args.max_others:
             break
         log(f"  other work took {lv['others_cpu_share']:.0%} of the CPUs during the level; measuring it again")
@@ -332,7 +344,8 @@ def start_llama(binary: Path, gguf: Path, c: int, workload: tuple[int, int], lev
         proc = launch(b, ub)
         try:
             res = bench_sync(proc.url, [c], input_len=inp, output_len=probe_out, num_prompts=max(2, c),
-                             seed=level_seed(args.seed, inp, level_index) + 50, warmup=1)["levels"][0]
+                             seed=level_seed(args.seed, inp, level_index) + 50, warmup=1, server_pid=proc.p.pid,
+                             repeats=args.level_repeats)["levels"][0]
         except BaseException:
             proc.stop()
             raise
@@ -429,6 +442,9 @@ def main() -> int:
     ap.add_argument("--max-others", type=float, default=1.0,
                     help="measure a level again when other work took more than this share of the CPUs")
     ap.add_argument("--retries", type=int, default=0, help="at most this many repeats of a disturbed level")
+    ap.add_argument("--level-repeats", type=int, default=LEVEL_REPEATS,
+                    help=f"a level on which other processes took over {BUSY * 100:.0f}%% of the CPUs is measured "
+                         f"again up to this many times (default {LEVEL_REPEATS}), then kept and marked busy")
     args = ap.parse_args()
     # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the finally blocks stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -533,7 +549,8 @@ def main() -> int:
                         tag = f" (round {r + 1})" if args.rounds > 1 else ""
                         for name, proc in (servers if r % 2 == 0 else list(reversed(servers))):
                             log(f"{name}{tag}, {inp}x{outp}")
-                            lv = measure(proc, c, wl, i, args, warmup=1 if proc.p.pid in warmed else 2)
+                            lv = measure(proc, c, wl, i, args, warmup=1 if proc.p.pid in warmed else 2,
+                                         name=f"{name}{tag} {inp}x{outp}")
                             warmed.add(proc.p.pid)
                             if proc is llama_proc:
                                 lv.update(llama_meta)
@@ -577,15 +594,23 @@ def table(results: dict, levels: list[int]) -> str:
                 if lv is None:
                     continue
                 others = lv.get("others_cpu_share")
+                busy = bool((lv.get("contention") or {}).get("busy"))
                 rows.append(f"| {c} | {name} | {_cell(lv, 'output_tok_s', 1)} | {_cell(lv, 'ttft_ms_median', 0)} | "
                             f"{_cell(lv, 'ttft_ms_p99', 0)} | {_cell(lv, 'tpot_ms_median', 1)} | "
                             f"{_cell(lv, 'tpot_ms_p99', 1)} | {lv.get('errors', 0)} | "
-                            f"{lv.get('loadavg_1m_after', 0):.1f} | {'n/a' if others is None else f'{others:.0%}'} |")
+                            f"{lv.get('loadavg_1m_after', 0):.1f} | {'n/a' if others is None else f'{others:.0%}'}"
+                            f"{' busy' if busy else ''} |")
         kept = [f"c={lv['concurrency']}: -b {lv['llama_batch']} -ub {lv['llama_ubatch']}"
                 for name, lvs in wres["systems"].items() if "(round " not in name or "(round 1)" in name
                 for lv in lvs if "llama_batch" in lv]
         if kept:
             rows += ["", "llama-server batch sizes kept: " + ", ".join(kept)]
+        busy = [f"{name} c={lv['concurrency']} ({lv['contention']['others']:.0%})"
+                for name, lvs in wres["systems"].items() for lv in lvs
+                if (lv.get("contention") or {}).get("busy") and lv["contention"].get("others") is not None]
+        if busy:
+            rows += ["", f"busy after its repeats (other processes took over {BUSY:.0%} of the CPUs; figures "
+                     "not reliable): " + ", ".join(busy)]
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
 

@@ -5,18 +5,42 @@ Fixed input and output lengths (prompts are seeded random token ids sent to /v1/
 requests first, then one closed-loop run per concurrency level. Reports output tok/s,
 request/s, TTFT, TPOT = (E2E - TTFT) / (out - 1) and ITL (median and p99) and errors.
 Prefix caching is neutralised: every prompt is distinct random tokens.
+
+Contention (``swarmfactory/contention.py``): every level records what else ran on the machine
+while it was measured, in its ``contention`` dict. The criterion is ``others``: the share of the
+CPUs' time (the CPUs the server and this load generator may run on) used by processes that are
+not ours; ours are the server's process and its descendants (found by the port it listens on,
+or given) and this process. Machine-wide CPU pressure (``suffered``) is recorded too, but is not
+the criterion: under load the engine's own threads wait for each other. A level on which others
+took more than ``contention.BUSY`` is *disturbed*: after waiting (at most ``QUIET_WAIT_S``) for
+others to drop under ``contention.QUIET``, it is measured again with fresh prompts, at most
+``LEVEL_REPEATS`` more times; the least disturbed attempt is kept, marked ``busy`` when even
+that one was disturbed, and the result's ``warnings`` say so in one line. The wait watches
+``others`` rather than the machine's pressure: one other process holding a whole CPU leaves
+the pressure low while it takes half of a two-CPU machine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import os
 import random
+import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
+
+from swarmfactory import contention as C
+
+LEVEL_REPEATS = 2       # a disturbed level is measured again at most this many times
+QUIET_WAIT_S = 5.0      # ... after waiting at most this long for the machine to quiet down
+REPEAT_SEED = 1_000_003  # a repeat's prompts: the level's seed + this x the attempt (fresh prompts)
 
 
 @dataclass
@@ -46,6 +70,291 @@ class LevelResult:
     itl_ms_p99: float
     output_tokens: int
     error_samples: list[str] = field(default_factory=list)
+    contention: dict | None = None  # what else ran while it was measured (see the module docstring)
+
+
+# -- contention: whose CPU time is ours, one level's attempts ----------------------------------------
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(path).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            try:
+                if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f[9])
+            except (ValueError, IndexError):
+                continue
+    return inodes
+
+
+def listening_pids(port: int) -> list[int]:
+    """The processes (that we may look into) holding a socket listening on ``port`` here."""
+    want = {f"socket:[{i}]" for i in _listening_inodes(port)}
+    if not want:
+        return []
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{d}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{d}/fd/{fd}") in want:
+                    pids.append(int(d))
+                    break
+            except OSError:
+                continue
+    return pids
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, their children, ... (from /proc/PID/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                kids = [int(k) for k in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for k in kids:
+                if k not in out:
+                    out.append(k)
+                    todo.append(k)
+    return out
+
+
+def _is_local(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    for fam, _, _, _, addr in infos:
+        try:
+            ip = ipaddress.ip_address(addr[0].split("%")[0])
+        except ValueError:
+            continue
+        if ip.is_loopback or ip.is_unspecified:
+            return True
+        try:
+            with socket.socket(fam, socket.SOCK_DGRAM) as s:
+                s.bind((addr[0], 0))  # binds only to one of this machine's addresses
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def server_pids(url: str) -> list[int] | None:
+    """The processes serving ``url`` on this machine: [] where the server runs elsewhere (its CPU
+    time is not here), None where it runs here but no process we can look into listens on its
+    port (its CPU time cannot be told from other work)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not _is_local(host):
+        return []
+    return listening_pids(port) or None
+
+
+class ServingMeter:
+    """Contention readings over a serving level: ``contention.Meter`` on the CPUs the server and
+    this process may run on, ours being this process, the server's processes and their
+    descendants. ``servers`` None: the server is here but unknown (``others`` is not read)."""
+
+    def __init__(self, servers: list[int] | None):
+        self.known = servers is not None
+        self.servers = list(servers or [])
+        cpus = set(os.sched_getaffinity(0))
+        for p in self.servers:
+            try:
+                cpus |= os.sched_getaffinity(p)
+            except OSError:
+                pass
+        self.meter = C.Meter(sorted(cpus), ours=self.ours)
+
+    @classmethod
+    def for_url(cls, url: str, server_pid: int | None = None) -> ServingMeter:
+        return cls([server_pid] if server_pid is not None else server_pids(url))
+
+    def ours(self) -> list[int]:
+        pids = {os.getpid()}
+        for p in self.servers:
+            pids.add(p)
+            pids.update(descendants(p))
+        return sorted(pids)
+
+    def snapshot(self) -> C.Snapshot:
+        return self.meter.snapshot()
+
+    def between(self, a: C.Snapshot, b: C.Snapshot) -> C.Reading:
+        r = self.meter.between(a, b)
+        if not self.known:
+            r = C.Reading(r.seconds, r.suffered, None, r.steal, r.mhz, r.sources)
+        return r
+
+    def wait_for_quiet(self, max_s: float, level: float = C.QUIET, window_s: float = 0.5) -> tuple[bool, float]:
+        """Wait (at most ``max_s``) for a ``window_s`` window in which others took under ``level``
+        of the CPUs (the criterion a level is judged by; machine-wide pressure can be low while
+        another process holds a whole CPU). Returns (quiet, seconds waited)."""
+        if not self.known:
+            return C.wait_for_quiet(max_s)
+        t0 = time.monotonic()
+        while True:
+            a = self.snapshot()
+            time.sleep(window_s)
+            r = self.between(a, self.snapshot())
+            if r.others is not None and r.others < level:
+                return True, time.monotonic() - t0
+            if time.monotonic() - t0 + window_s > max_s:
+                return False, time.monotonic() - t0
+
+
+def disturbed(reading: C.Reading) -> bool:
+    """Other processes took more than ``contention.BUSY`` of the CPUs (unknown: not disturbed)."""
+    return reading.others is not None and reading.others > C.BUSY
+
+
+def _r(x, digits: int = 4):
+    return None if x is None else round(x, digits)
+
+
+class LevelAttempts:
+    """One level's attempts: iterate for the attempt numbers (0, 1, ...), report each attempt's
+    result with ``done``; a disturbed attempt is followed by another (after waiting for quiet)
+    while repeats and time (``deadline``, time.monotonic) are left. ``result()``: the least
+    disturbed attempt's result and its ``contention`` dict."""
+
+    def __init__(self, meter: ServingMeter, repeats: int | None = None, wait_s: float | None = None,
+                 deadline: float | None = None):
+        self.meter, self.deadline = meter, deadline
+        self.repeats = LEVEL_REPEATS if repeats is None else repeats
+        self.wait_s = QUIET_WAIT_S if wait_s is None else wait_s
+        self.tried = 0
+        self.waited = 0.0
+        self.best: tuple | None = None  # (others, result, reading)
+        self._a: C.Snapshot | None = None
+        self._t0 = 0.0
+        self._last: C.Reading | None = None
+
+    def __iter__(self):
+        while True:
+            if self.tried:
+                if not disturbed(self._last) or self.tried > self.repeats:
+                    return
+                last_s = time.monotonic() - self._t0
+                if self.deadline is not None and time.monotonic() + last_s + self.wait_s > self.deadline:
+                    return  # another attempt does not fit in the time left
+                if self.wait_s > 0:
+                    _, waited = self.meter.wait_for_quiet(self.wait_s)
+                    self.waited += waited
+            self._t0 = time.monotonic()
+            self._a = self.meter.snapshot()
+            self.tried += 1
+            yield self.tried - 1
+
+    def done(self, result) -> None:
+        self._last = self.meter.between(self._a, self.meter.snapshot())
+        others = self._last.others if self._last.others is not None else 0.0
+        if self.best is None or others < self.best[0]:
+            self.best = (others, result, self._last)
+
+    def failed(self, exc: BaseException) -> None:
+        """An attempt that raised: the exception carries the contention it ran under."""
+        r = self.meter.between(self._a, self.meter.snapshot())
+        try:
+            exc.contention = self._dict(r)
+        except AttributeError:
+            pass
+
+    def _dict(self, r: C.Reading) -> dict:
+        return {"others": _r(r.others), "suffered": _r(r.suffered), "steal": _r(r.steal), "mhz": _r(r.mhz, 1),
+                "attempts": self.tried, "busy": disturbed(r), "waited_s": round(self.waited, 1)}
+
+    def result(self):
+        _, res, r = self.best
+        c = self._dict(r)
+        if isinstance(res, LevelResult):
+            res.contention = c
+        elif isinstance(res, dict):
+            res["contention"] = c
+        return res, c
+
+
+def measure_level(run, meter: ServingMeter, repeats: int | None = None, wait_s: float | None = None,
+                  deadline: float | None = None, keep_on: tuple = ()):
+    """``run(attempt)`` (one measurement of the level: a LevelResult or a level dict) with its
+    contention, measured again while disturbed (``LevelAttempts``). An exception of a type in
+    ``keep_on`` on a repeat ends the repeats and keeps what was measured; any other exception,
+    or one on the first attempt, propagates with the contention it ran under (``.contention``).
+    ``repeats``, ``wait_s``: default ``LEVEL_REPEATS``, ``QUIET_WAIT_S``. Returns (result,
+    contention dict); the result carries the dict too."""
+    attempts = LevelAttempts(meter, repeats, wait_s, deadline)
+    for attempt in attempts:
+        try:
+            res = run(attempt)
+        except BaseException as e:
+            if attempts.best is not None and isinstance(e, keep_on):
+                break
+            attempts.failed(e)
+            raise
+        attempts.done(res)
+    return attempts.result()
+
+
+async def measure_level_async(run, meter: ServingMeter, repeats: int | None = None, wait_s: float | None = None,
+                              deadline: float | None = None, keep_on: tuple = ()):
+    """``measure_level`` for a coroutine function ``run(attempt)``."""
+    attempts = LevelAttempts(meter, repeats, wait_s, deadline)
+    for attempt in attempts:
+        try:
+            res = await run(attempt)
+        except BaseException as e:
+            if attempts.best is not None and isinstance(e, keep_on):
+                break
+            attempts.failed(e)
+            raise
+        attempts.done(res)
+    return attempts.result()
+
+
+def worst_contention(levels) -> dict | None:
+    """What a set of levels (dicts) was measured under, for a verdict's evidence: the worst
+    level's ``others`` (as ``suffered`` too: the serving criterion, read by
+    ``evidence/quality.py``), the worst machine-wide pressure, and ``busy`` when any level stayed
+    busy. None when no level recorded contention."""
+    cs = [(lv.get("concurrency"), lv["contention"]) for lv in levels if isinstance(lv.get("contention"), dict)]
+    if not cs:
+        return None
+    others = [c["others"] for _, c in cs if c.get("others") is not None]
+    psi = [c["suffered"] for _, c in cs if c.get("suffered") is not None]
+    worst = max(others) if others else None
+    return {"suffered": worst, "others": worst, "psi": max(psi) if psi else None,
+            "busy": any(c.get("busy") for _, c in cs), "criterion": "others",
+            "busy_levels": [lvl for lvl, c in cs if c.get("busy")], "levels": len(cs),
+            "attempts": sum(c.get("attempts") or 1 for _, c in cs)}
+
+
+def busy_warning(levels, what: str = "") -> str | None:
+    """One line naming the levels (dicts) that stayed busy after their repeats, or None."""
+    busy = [lv for lv in levels if isinstance(lv.get("contention"), dict) and lv["contention"].get("busy")]
+    if not busy:
+        return None
+    shares = ", ".join(f"c={lv['concurrency']} {lv['contention']['others']:.0%}" for lv in busy)
+    return (f"{what + ': ' if what else ''}the machine stayed busy at {len(busy)} level(s) after "
+            f"{max(lv['contention']['attempts'] for lv in busy)} attempt(s): other processes took more than "
+            f"{C.BUSY:.0%} of the CPUs ({shares}); those figures are not reliable")
 
 
 def make_prompts(n: int, input_len: int, seed: int, vocab_lo: int = 100, vocab_hi: int = 10000) -> list[list[int]]:
@@ -154,23 +463,39 @@ async def _detect_model(url: str, api_key: str | None) -> str | None:
 
 async def bench(url: str, concurrencies: list[int], input_len: int = 128, output_len: int = 128,
                 num_prompts: int = 64, seed: int = 0, warmup: int = 2, model: str | None = None,
-                api_key: str | None = None, on_level=None) -> dict:
-    """Warm up, then one run per concurrency level; returns a JSON-able dict."""
+                api_key: str | None = None, on_level=None, server_pid: int | None = None,
+                repeats: int | None = None, quiet_wait_s: float | None = None) -> dict:
+    """Warm up, then one run per concurrency level (a disturbed one again, see the module
+    docstring); returns a JSON-able dict. ``server_pid``: the server's process, where known
+    (else it is found by the port it listens on); ``repeats``, ``quiet_wait_s``: default
+    ``LEVEL_REPEATS``, ``QUIET_WAIT_S``."""
     url = url.rstrip("/")
     model = model or await _detect_model(url, api_key)
+    meter = ServingMeter.for_url(url, server_pid)
+    warnings = []
+    if not meter.known:
+        warnings.append(f"no process of ours listens on {url}: its CPU time cannot be told from other work, "
+                        "so contention (others) is not measured")
     if warmup:
         await run_level(url, make_prompts(warmup, input_len, seed + 10_000), output_len, min(warmup, 4), model, api_key)
     levels = []
     for i, c in enumerate(concurrencies):
-        # seeded: the same prompts on every server; distinct per level so no server can
-        # answer a level from a prompt cache filled by the previous one
-        prompts = make_prompts(num_prompts, input_len, seed + 1 + i)
-        res = await run_level(url, prompts, output_len, c, model, api_key)
+        # seeded: the same prompts on every server; distinct per level (and per repeat) so no
+        # server can answer a level from a prompt cache filled by the previous one
+        def one(attempt: int, i=i, c=c):
+            prompts = make_prompts(num_prompts, input_len, seed + 1 + i + REPEAT_SEED * attempt)
+            return run_level(url, prompts, output_len, c, model, api_key)
+
+        res, _ = await measure_level_async(one, meter, repeats, quiet_wait_s)
         levels.append(res)
         if on_level:
             on_level(res)
+    out = [asdict(x) for x in levels]
+    line = busy_warning(out)
+    if line:
+        warnings.append(line)
     return {"url": url, "model": model, "input_len": input_len, "output_len": output_len,
-            "num_prompts": num_prompts, "seed": seed, "warmup": warmup, "levels": [asdict(x) for x in levels]}
+            "num_prompts": num_prompts, "seed": seed, "warmup": warmup, "levels": out, "warnings": warnings}
 
 
 def bench_sync(url: str, concurrencies: list[int], **kw) -> dict:

@@ -237,8 +237,8 @@ def bench(
 
     def progress(res):
         err.print(f"concurrency {res.concurrency}: {res.output_tok_s:.1f} tok/s, "
-                  f"TTFT {res.ttft_ms_median:.0f} ms, TPOT {res.tpot_ms_median:.1f} ms, errors {res.errors}",
-                  highlight=False)
+                  f"TTFT {res.ttft_ms_median:.0f} ms, TPOT {res.tpot_ms_median:.1f} ms, errors {res.errors}"
+                  + _contention_note(res.contention), highlight=False)
 
     try:
         result = bench_sync(url, levels, input_len=input_len, output_len=output_len, num_prompts=num_prompts,
@@ -249,22 +249,46 @@ def bench(
         _fail(f"benchmark against {url} failed: {type(e).__name__}: {e}")
     if json_out:
         print(json.dumps(result))
-        return
-    print_table(result)
+    else:
+        print_table(result)
+    for line in result.get("warnings") or []:  # a level that stayed busy, contention not measurable
+        err.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+
+
+def _contention_note(c: dict | None) -> str:
+    """``, others 3%`` / ``, others 35% after 3 attempts: busy`` for a level's progress line."""
+    if not c or c.get("others") is None:
+        return ""
+    note = f", others {c['others']:.0%}"
+    if c.get("attempts", 1) > 1:
+        note += f" after {c['attempts']} attempts"
+    return note + (": busy" if c.get("busy") else "")
+
+
+def _others_cell(lv: dict) -> str:
+    c = lv.get("contention") or {}
+    if c.get("others") is None:
+        return "n/a"
+    return f"{c['others']:.0%}" + (" busy" if c.get("busy") else "")
 
 
 def print_table(result: dict, title: str | None = None):
     t = Table(title=title or f"{result['url']}  in={result['input_len']} out={result['output_len']} "
                               f"prompts={result['num_prompts']}")
     for col in ("conc", "out tok/s", "req/s", "TTFT med", "TTFT p99", "TPOT med", "TPOT p99", "ITL med",
-                "ITL p99", "errors"):
+                "ITL p99", "errors", "others %"):
         t.add_column(col, justify="right")
     for lv in result["levels"]:
         t.add_row(str(lv["concurrency"]), f"{lv['output_tok_s']:.1f}", f"{lv['request_s']:.2f}",
                   f"{lv['ttft_ms_median']:.0f}", f"{lv['ttft_ms_p99']:.0f}", f"{lv['tpot_ms_median']:.1f}",
                   f"{lv['tpot_ms_p99']:.1f}", f"{lv['itl_ms_median']:.1f}", f"{lv['itl_ms_p99']:.1f}",
-                  str(lv["errors"]))
-    Console(width=max(120, Console().width)).print(t)
+                  str(lv["errors"]), _others_cell(lv))
+    from swarmfactory.contention import BUSY
+
+    con = Console(width=max(120, Console().width))
+    con.print(t)
+    con.print(f"others %: the CPUs' share used by other processes than the server and this client; a level "
+              f"over {BUSY:.0%} is measured again, busy if it stays so", highlight=False)
 
 
 def main():

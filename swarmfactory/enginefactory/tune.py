@@ -7,7 +7,10 @@ verified end to end (verify.py) and only then measured over HTTP the way users m
 server (bench/serving.py: closed-loop streaming clients at each requested concurrency, for each
 workload, the same seeded prompts for every design). Every design gets a verdict in the
 evidence store: ``wrong`` (with the prompt and token where it diverged), ``crashed``,
-``timed_out``, ``not_faster`` or ``faster``.
+``timed_out``, ``not_faster``, ``faster``, or ``inconclusive``: measured on a busy machine (at
+some level other processes kept more than ``contention.BUSY`` of the CPUs through the level's
+repeats, bench/serving.py), so no verdict on its speed: never the champion or the profile, not
+learnt from, measured again by a later tune; its ``evidence["contention"]`` says what it ran under.
 
 Fitness is the user's target: the geometric mean of output tok/s over every (workload,
 concurrency) pair, with an optional TTFT p99 ceiling a design must respect at every pair. The
@@ -44,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from swarmfactory.agents.base import candidate_record
+from swarmfactory.contention import BUSY
 from swarmfactory.engine.config import EngineConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.swarm.contract import Factory, done_future, drive
@@ -184,6 +188,28 @@ def fitness(serving: dict, ceiling: float | None) -> tuple[float, str | None]:
     return math.exp(sum(map(math.log, rates)) / len(rates)), over
 
 
+def serving_contention(serving: dict | None) -> dict | None:
+    """What a measurement's levels (``{workload: [level, ...]}``) were measured under, for the
+    verdict's ``evidence["contention"]`` (bench/serving.py ``worst_contention``: ``suffered`` is the
+    worst level's share of the CPUs other processes took, ``busy`` that a level stayed busy after
+    its repeats); None where nothing was recorded."""
+    from swarmfactory.bench.serving import worst_contention
+
+    levels = [dict(lv, concurrency=f"{wl} c={lv.get('concurrency')}" if wl else lv.get("concurrency"))
+              for wl, lvs in (serving or {}).items() for lv in lvs]
+    return worst_contention(levels)
+
+
+def busy_detail(cont: dict | None) -> str:
+    """``inconclusive: measured on a busy machine (...)`` for a verdict's detail."""
+    c = cont or {}
+    share = c.get("suffered")
+    where = ", ".join(str(x) for x in c.get("busy_levels") or []) or "a level"
+    return (f"measured on a busy machine: other processes took "
+            f"{'an unknown share' if share is None else f'{share:.0%}'} of the CPUs at {where} "
+            f"(over {BUSY:.0%}, after repeats); not confirmed either way")
+
+
 def free_port() -> int:
     import socket
 
@@ -288,16 +314,20 @@ class DesignServer:
         return caught(httpx.get(self.url + "/health", timeout=10).json().get("kernel_audit") or {})
 
     def measure(self, cfg: TuneConfig, on_level=None, deadline: float | None = None, screen: bool = False,
-                caps: dict | None = None) -> dict:
+                caps: dict | None = None, repeat_deadline: float | None = None) -> dict:
         """Every (workload, level): the serving figures, keyed by workload ``INxOUT``. Past
         ``deadline`` (time.monotonic) it stops with ``OutOfTime``. ``screen``: the short first
         look (the first workload only, one wave of ``max(2, c)`` requests per level, its own
         prompts, the same for every design). ``caps``: (workload, concurrency) -> seconds; a level
-        that runs longer raises ``TooSlow``."""
+        that runs longer raises ``TooSlow``. Each level records the contention it was measured
+        under (``contention``: bench/serving.py); one that other processes disturbed is measured
+        again (fresh prompts) while the repeats fit before ``repeat_deadline`` (default
+        ``deadline``), and stays marked ``busy`` if every attempt was disturbed."""
         import asyncio
 
-        from swarmfactory.bench.serving import make_prompts, run_level
+        from swarmfactory.bench.serving import REPEAT_SEED, ServingMeter, make_prompts, measure_level, run_level
 
+        meter = ServingMeter([self.proc.pid])  # ours: the design's server (and its children) and the tuner
         out: dict = {}
         for w, (n_in, n_out) in enumerate(cfg.screen_workloads() if screen else cfg.workloads):
             key = f"{n_in}x{n_out}"
@@ -306,22 +336,28 @@ class DesignServer:
             for i, c in enumerate(cfg.concurrency):
                 n_prompts, seed = (max(2, c), cfg.seed + 50_000 + i) if screen else \
                     (cfg.prompts(c), cfg.seed + 1 + 100 * w + i)
-                prompts = make_prompts(n_prompts, n_in, seed)
-                limit = LEVEL_TIMEOUT_S
-                if deadline is not None:
-                    limit = min(limit, deadline - time.monotonic())
-                    if limit <= 0:
-                        raise OutOfTime(f"the run's time ran out before {key} c={c}")
                 cap = (caps or {}).get((key, c))
-                try:
-                    res = asyncio.run(asyncio.wait_for(run_level(self.url, prompts, n_out, c),
-                                                       limit if cap is None else min(limit, cap)))
-                except (TimeoutError, asyncio.TimeoutError):
-                    if deadline is not None and time.monotonic() >= deadline - 1:
-                        raise OutOfTime(f"the run's time ran out during {key} c={c}") from None
-                    if cap is not None and cap < limit:
-                        raise TooSlow(f"{key} c={c} took over {cap:.0f} s") from None
-                    raise
+
+                def one(attempt: int, key=key, c=c, n_prompts=n_prompts, seed=seed, n_out=n_out, n_in=n_in, cap=cap):
+                    prompts = make_prompts(n_prompts, n_in, seed + REPEAT_SEED * attempt)
+                    limit = LEVEL_TIMEOUT_S
+                    if deadline is not None:
+                        limit = min(limit, deadline - time.monotonic())
+                        if limit <= 0:
+                            raise OutOfTime(f"the run's time ran out before {key} c={c}")
+                    try:
+                        return asyncio.run(asyncio.wait_for(run_level(self.url, prompts, n_out, c),
+                                                            limit if cap is None else min(limit, cap)))
+                    except (TimeoutError, asyncio.TimeoutError):
+                        if deadline is not None and time.monotonic() >= deadline - 1:
+                            raise OutOfTime(f"the run's time ran out during {key} c={c}") from None
+                        if cap is not None and cap < limit:
+                            raise TooSlow(f"{key} c={c} took over {cap:.0f} s") from None
+                        raise
+
+                # a repeat that runs out of time or past its cap keeps the attempt measured before it
+                res, _ = measure_level(one, meter, deadline=repeat_deadline if repeat_deadline is not None
+                                       else deadline, keep_on=(OutOfTime, TooSlow, TimeoutError, asyncio.TimeoutError))
                 lv = asdict(res)
                 lv["loadavg"] = list(os.getloadavg())
                 levels.append(lv)
@@ -477,6 +513,8 @@ class Tuner(Factory):
         self.default: Entry | None = None
         self.champion: Entry | None = None
         self.evaluated = 0
+        self.inconclusive = 0  # designs measured on a busy machine this session (no verdict on their speed)
+        self.default_busy = False  # the default design's figures were measured on a busy machine
 
     def log(self, msg: str) -> None:
         m, sec = divmod(int(time.monotonic() - self.t0), 60)
@@ -505,6 +543,12 @@ class Tuner(Factory):
                 continue
             cand = self.store.candidate(ev["candidate_id"])
             if not cand or not cand.get("knobs"):
+                continue
+            if ev["outcome"] == "inconclusive":
+                # measured on a busy machine: no verdict on its speed; an earlier run's is measured
+                # again (this run's, on resume, is not: it is this run's answer)
+                if ev["run_id"] == self.run_id:
+                    self.seen.add(ev["candidate_id"])
                 continue
             self.seen.add(ev["candidate_id"])
             if ev["purpose"] != "search":
@@ -557,34 +601,50 @@ class Tuner(Factory):
             self.evaluated, self._best_ratio(), f"{note}: {wl} c={lv['concurrency']} {lv['output_tok_s']:.1f} tok/s")
         screen, screen_fit = None, None
 
-        def screened_out(detail: str, **evidence) -> tuple[Verdict, None]:
+        def screened_out(detail: str, cont: dict | None, **evidence) -> tuple[Verdict, None]:
             srv.close()
+            ev = {**evidence, "screened_out": True, "fitness": 0.0, "paths": start.loaded.get("paths"),
+                  "verify": start.verified.get("evidence", {})}
+            if cont is not None:
+                ev["contention"] = cont
+            if cont is not None and cont["busy"]:  # slow while other work held the CPUs: not a verdict
+                ev["screened_out"] = False
+                return Verdict(Outcome.INCONCLUSIVE, f"{busy_detail(cont)}; the short measurement would have "
+                               f"screened it out: {detail}", "measure", seconds=time.perf_counter() - t0,
+                               cases_checked=3, evidence=ev), None
             return Verdict(Outcome.NOT_FASTER, f"screened out: {detail}", "measure", seconds=time.perf_counter() - t0,
-                           cases_checked=3, evidence={**evidence, "screened_out": True, "fitness": 0.0,
-                                                      "paths": start.loaded.get("paths"),
-                                                      "verify": start.verified.get("evidence", {})}), None
+                           cases_checked=3, evidence=ev), None
 
+        # repeats of a disturbed level stay inside the run's time (the baseline's included)
+        repeat_until = self.deadline if baseline else self.deadline + GRACE_S
         try:
             if self.cfg.screen is not None:
                 try:
                     screen = srv.measure(self.cfg, on_level=on_level, screen=True, caps=None if baseline else
-                                         self._screen_caps(), deadline=None if baseline else self.deadline + GRACE_S)
+                                         self._screen_caps(), deadline=None if baseline else self.deadline + GRACE_S,
+                                         repeat_deadline=repeat_until)
                 except TooSlow as e:
+                    cut = getattr(e, "contention", None)  # what the level it cut short ran under
                     return screened_out(f"{e} on the short measurement (the cap: {SCREEN_CAP:g}x the default "
-                                        "design's time for that level)", too_slow=str(e))
+                                        "design's time for that level)",
+                                        None if cut is None else serving_contention({"": [{
+                                            "concurrency": str(e).split(" took", 1)[0], "contention": cut}]}),
+                                        too_slow=str(e))
                 screen_fit, _ = fitness(screen, None)
                 bar = self._screen_bar()
                 if not baseline and bar and screen_fit < bar * (1 - self.cfg.screen):
                     ratio = screen_fit / self.default.screen if self.default and self.default.screen else 0.0
                     return screened_out(f"{screen_fit:.1f} tok/s on the short measurement, more than "
                                         f"{self.cfg.screen:.0%} under the champion's {bar:.1f} (~{ratio:.2f}x the "
-                                        "default)", screen=screen, screen_fitness=screen_fit)
-            serving = srv.measure(self.cfg, on_level=on_level, deadline=None if baseline else self.deadline + GRACE_S)
+                                        "default)", serving_contention(screen), screen=screen,
+                                        screen_fitness=screen_fit)
+            serving = srv.measure(self.cfg, on_level=on_level, deadline=None if baseline else self.deadline + GRACE_S,
+                                  repeat_deadline=repeat_until)
             if baseline and screen is not None:
                 # the bar every design's short figure is held to: measured a second time, after the
                 # full measurement, and the faster of the two kept (a bar measured while other work
                 # held the CPU would let slow designs through: seen on the first screened run)
-                again = srv.measure(self.cfg, on_level=on_level, screen=True)
+                again = srv.measure(self.cfg, on_level=on_level, screen=True, repeat_deadline=repeat_until)
                 again_fit, _ = fitness(again, None)
                 if again_fit > screen_fit:
                     screen, screen_fit = again, again_fit
@@ -604,16 +664,23 @@ class Tuner(Factory):
                            "measure", seconds=time.perf_counter() - t0,
                            evidence={"kernel_audit": caught, "paths": start.loaded.get("paths")}), None
         fit, over = fitness(serving, self.cfg.ttft_p99_s)
+        cont = serving_contention(serving)  # the figures the verdict rests on: the full measurement
         if start.verdict is not None:  # the baseline, measured although it failed verification
             start.verdict.evidence.update(serving=serving, fitness=fit, paths=start.loaded.get("paths"),
                                           screen=screen, screen_fitness=screen_fit)
+            if cont is not None:
+                start.verdict.evidence["contention"] = cont
             start.verdict.seconds = time.perf_counter() - t0
             return start.verdict, srv
         ev = {"serving": serving, "fitness": fit, "screen": screen, "screen_fitness": screen_fit,
               "paths": start.loaded.get("paths"),
               "load_seconds": start.loaded.get("seconds"), "verify": start.verified.get("evidence", {}),
               "verify_detail": start.verified.get("detail", ""), "over_ceiling": over}
-        return Verdict(Outcome.NOT_FASTER, over or "", "measure", evidence=ev, cases_checked=3,
+        if cont is not None:
+            ev["contention"] = cont
+        busy = cont is not None and cont["busy"]  # not confirmed: no verdict on its speed (_judge)
+        return Verdict(Outcome.INCONCLUSIVE if busy else Outcome.NOT_FASTER,
+                       busy_detail(cont) if busy else (over or ""), "measure", evidence=ev, cases_checked=3,
                        seconds=time.perf_counter() - t0, baseline="default design"), srv
 
     def _best_ratio(self) -> float:
@@ -739,24 +806,29 @@ class Tuner(Factory):
         return max(pool, key=score)
 
     def _confirm(self, challenger: Entry, ch_srv: DesignServer, workdir: Path,
-                 against: Entry) -> tuple[bool, float, float]:
+                 against: Entry) -> tuple[bool, float, float, dict | None]:
         """``against`` (the champion, or the default design) and the challenger measured again
         back to back; both rounds must favour the challenger by min_effect. Returns (won, low
-        ratio, high ratio) of challenger over ``against``."""
+        ratio, high ratio) of challenger over ``against``, and the contention of the second round
+        (``serving_contention`` of both measurements; busy: no verdict, the caller's to say)."""
         first = challenger.fitness / against.fitness
         deadline = self.deadline + GRACE_S  # like any measurement: OutOfTime past it (not confirmed)
         start = start_design(against.design.config, self.reference, workdir, serve_anyway=against is self.default,
                              store_url=self.store.url)
         if start.server is None:  # it no longer starts: the challenger wins by default
-            return True, first, first
+            return True, first, first, None
         try:
-            base_fit, _ = fitness(start.server.measure(self.cfg, deadline=deadline), self.cfg.ttft_p99_s)
+            base = start.server.measure(self.cfg, deadline=deadline)
         finally:
             start.server.close()
-        ch_fit, over = fitness(ch_srv.measure(self.cfg, deadline=deadline), self.cfg.ttft_p99_s)
+        base_fit, _ = fitness(base, self.cfg.ttft_p99_s)
+        again = ch_srv.measure(self.cfg, deadline=deadline)
+        ch_fit, over = fitness(again, self.cfg.ttft_p99_s)
         second = ch_fit / base_fit if base_fit else float("inf")
         lo, hi = min(first, second), max(first, second)
-        return (over is None and lo > 1 + self.cfg.min_effect), lo, hi
+        cont = serving_contention({**{f"{k} (against)": v for k, v in base.items()},
+                                   **{f"{k} (again)": v for k, v in again.items()}})
+        return (over is None and lo > 1 + self.cfg.min_effect), lo, hi, cont
 
     def run(self) -> str:
         from swarmfactory.engine.calibrate import cache_root
@@ -770,9 +842,18 @@ class Tuner(Factory):
         self.store.record_problem(self.problem)
         if self.llm is not None:
             self.llm.bind(self.store, self.run_id, self.problem.name)
+        spent = 0.0
+        for ev in self.store.evaluations(problem=self.problem.name, run_id=self.run_id):
+            spent += ev["seconds"] or 0.0  # a resumed run keeps the budget it had left
+            self.evaluated += ev["purpose"] == "search"
+            self.inconclusive += ev["purpose"] == "search" and ev["outcome"] == "inconclusive"
+        # the deadline runs from here: the reference (below, once per model file) and the default
+        # design's measurement (the baseline) are spent from --time like every design
+        deadline = time.monotonic() + max(0.0, self.cfg.time_s - spent)
+        self.deadline = deadline
         cache = cache_root().parent / "engine-reference"
         self.reference = reference_path(self.model_path, cache)
-        if not self.reference.exists():
+        if not self.reference.exists() and deadline > time.monotonic():  # a run with no time left only closes
             self.log(f"reference: HF transformers fp32 on {self.model_path.name} (once per model file, ~30 s)")
             # in a child: HF's memory and progress bars stay out of this process
             env = dict(os.environ, TQDM_DISABLE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -782,12 +863,6 @@ class Tuner(Factory):
             if out.returncode != 0 or not self.reference.exists():
                 raise TuneError(f"the HF fp32 reference could not be computed: {out.stderr.strip()[-800:]}")
         self._prior()
-        spent = 0.0
-        for ev in self.store.evaluations(problem=self.problem.name, run_id=self.run_id):
-            spent += ev["seconds"] or 0.0  # a resumed run keeps the budget it had left
-            self.evaluated += ev["purpose"] == "search"
-        deadline = time.monotonic() + max(0.0, self.cfg.time_s - spent)
-        self.deadline = deadline
         self.progress.start(self.run_id, self.cfg.time_s, self.cfg.budget)
         status = "interrupted"
         try:
@@ -811,9 +886,14 @@ class Tuner(Factory):
         if srv:
             srv.close()
         fit = verdict.evidence.get("fitness", 0.0)
+        from swarmfactory.evidence.quality import busy
+
+        self.default_busy = bool(fit) and busy(verdict.evidence)
         if fit and verdict.outcome.correct:
             verdict.speedup = verdict.ci_low = verdict.ci_high = 1.0
             verdict.detail = verdict.detail or f"the default design: {fit:.1f} tok/s (geomean)"
+            if self.default_busy:  # still the baseline (the figure there is), never the profile
+                verdict.detail += " (the baseline all the same)"
         elif fit:  # failed verification, measured as the baseline users run today
             verdict.detail += f" (measured anyway as the baseline: {fit:.1f} tok/s geomean)"
         eid = self._record(default, verdict, "default", "baseline", [], purpose="baseline")
@@ -835,14 +915,23 @@ class Tuner(Factory):
         if self.default_ok:
             self.entries.append(self.default)
         self.log(f"default design: {verdict.outcome.value}, {fit:.1f} tok/s (geomean over {self._pairs()} pairs)"
-                 + ("" if self.default_ok else f"; {verdict.detail}"))
+                 + ("" if self.default_ok and not self.default_busy else f"; {verdict.detail}"))
         self._workdir, self._costs, self._stop, self._pending = workdir, [], False, {}
         drive(self, budget=self.cfg.budget, deadline=deadline, done=self.evaluated)
         if self.champion is None:
             self.log("no design passed verification: no profile stored")
+        elif self.champion is self.default and self.default_busy:
+            self.log("the default design was measured on a busy machine: not stored as the profile")
         elif self.champion is self.default:
             self.store.set_champion(self.problem, self.default.design.key, self.default.evaluation_id, 1.0,
                                     self.run_id, "no design beat the default design on this machine")
+        self.log(self.busy_summary())
+
+    def busy_summary(self) -> str:
+        """The run's last word on contention: how many designs were inconclusive (busy machine)."""
+        return (f"{self.inconclusive} design(s) inconclusive because the machine was busy (other processes took "
+                f"over {BUSY:.0%} of the CPUs at a level after its repeats; a later tune measures them again)"
+                + ("; the default design's figures were measured on a busy machine too" if self.default_busy else ""))
 
     # -- the contract the loop drives (swarm/contract.py): a proposal is (design, agent, parents) --
     def key(self, prop) -> str:
@@ -874,7 +963,7 @@ class Tuner(Factory):
         self.progress.update(self.evaluated, self._best_ratio(), f"{note}: {design.describe()}")
         verdict, srv = self._evaluate(design, self._workdir, note)
         entry = Entry(design, 0.0, 0.0)
-        if verdict.evidence.get("screened_out") and self.default.screen:
+        if verdict.evidence.get("screened_out") and self.default.screen and verdict.outcome is Outcome.NOT_FASTER:
             # verified, measured briefly: the cost model learns its estimated ratio, not a failure
             if "screen_fitness" in verdict.evidence:
                 entry.screen = verdict.evidence["screen_fitness"]
@@ -894,11 +983,16 @@ class Tuner(Factory):
 
     def _judge(self, design: D.Design, verdict: Verdict, srv, note: str) -> tuple[Entry, bool]:
         """A measured design against the champion (or the default): confirmed by a second round
-        where it won the first. Sets the verdict's speedup, outcome and detail."""
+        where it won the first. Sets the verdict's speedup, outcome and detail. A design measured
+        on a busy machine (``inconclusive``, _evaluate) or confirmed on one is no verdict on its
+        speed: never a champion, not learnt from (``complete``)."""
         fit = verdict.evidence["fitness"]
         entry = Entry(design, fit / self.default.fitness, fit, screen=verdict.evidence.get("screen_fitness"))
         verdict.speedup = entry.ratio
         verdict.ci_low = verdict.ci_high = entry.ratio
+        if verdict.outcome is Outcome.INCONCLUSIVE:
+            verdict.detail += f" (one round: {entry.ratio:.2f}x the default design)"
+            return entry, False
         against = self.champion or self.default
         within = verdict.evidence.get("over_ceiling") is None
         new_champion = False
@@ -906,7 +1000,16 @@ class Tuner(Factory):
             try:
                 if self.deadline - time.monotonic() < 1.5 * verdict.seconds:
                     raise OutOfTime("two more measurements do not fit in the time left")
-                won, lo, hi = self._confirm(entry, srv, self._workdir, against)
+                won, lo, hi, cont = self._confirm(entry, srv, self._workdir, against)
+                if cont is not None and cont["busy"]:  # the second round is no evidence either way
+                    verdict.evidence["vs_champion"] = [lo, hi]
+                    verdict.evidence["confirmation_contention"] = cont
+                    verdict.evidence["contention"] = cont
+                    verdict.outcome = Outcome.INCONCLUSIVE
+                    verdict.detail = (f"{entry.ratio:.2f}x the default design, {lo:.2f}-{hi:.2f}x the "
+                                      f"{'champion' if self.champion else 'default design'}; the confirmation was "
+                                      + busy_detail(cont))
+                    return entry, False
             except OutOfTime as e:
                 won, lo = False, entry.fitness / against.fitness
                 hi = lo
@@ -937,6 +1040,10 @@ class Tuner(Factory):
         if verdict.evidence.get("out_of_time"):  # unknown, not bad: the cost model does not learn from it
             self.log(f"{note}: {verdict.detail}")
             self._stop = True
+            return
+        if verdict.outcome is Outcome.INCONCLUSIVE:  # likewise: measured on a busy machine
+            self.inconclusive += 1
+            self.log(f"{note} inconclusive: {verdict.detail} [{design.describe()}]")
             return
         self.entries.append(entry)
         self.log(f"{note} {verdict.outcome.value}: {verdict.detail} [{design.describe()}]")

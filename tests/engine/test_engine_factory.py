@@ -303,6 +303,13 @@ def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measure
     design = tuner._build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16})
     tuner.default = tuner.champion = Entry(D.build({}, tuner.base), 1.0, 1e6, screen=1e6)  # a far faster champion
     verdict, srv = tuner._evaluate(design, tmp_path, "test")
+    if verdict.outcome.value == "inconclusive":  # the short measurement was taken on a busy machine
+        from swarmfactory.evidence.quality import busy
+
+        if srv is not None:
+            srv.close()
+        assert busy(verdict.evidence) and not verdict.evidence.get("screened_out")
+        pytest.skip("the machine was too busy for the short measurement: no screening on that figure")
     assert srv is None and verdict.outcome.value == "not_faster" and verdict.evidence["screened_out"]
     assert verdict.detail.startswith("screened out: ") and "under the champion's 1000000.0" in verdict.detail
     screen = verdict.evidence["screen"]
@@ -370,7 +377,8 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     assert len(ids) == len(set(ids)) == 2, "a design evaluated twice, or the budget not spent"
     assert {e["id"] for e in before} <= {e["id"] for e in after}  # nothing recorded was lost
     for e in search:  # every verdict names its outcome; measured ones carry their serving figures
-        assert e["outcome"] in ("faster", "not_faster", "wrong", "crashed", "timed_out", "build_failed")
+        assert e["outcome"] in ("faster", "not_faster", "inconclusive", "wrong", "crashed", "timed_out",
+                                "build_failed")
         if e["outcome"] in ("faster", "not_faster"):
             assert e["evidence"]["serving"]["16x8"][0]["output_tok_s"] > 0
         if e["outcome"] == "wrong":
@@ -382,6 +390,8 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     profs = all_profiles(st)
     verified = [e for e in after if e["outcome"] in ("faster", "not_faster")]
     if not verified:
+        if any(e["outcome"] == "inconclusive" for e in after):
+            pytest.skip("the machine was too busy to time any design: no profile (the tune said so)")
         pytest.fail("no design passed verification in the tiny tune: " + out.stderr[-2000:])
     assert len(profs) == 1
     prof, line = choose(st, model_path)

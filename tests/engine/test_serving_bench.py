@@ -17,6 +17,13 @@ def test_bench_reports_every_metric(server):
         assert lv["output_tokens"] == 4 * 8  # ignore_eos: fixed output length
         for k in ("output_tok_s", "request_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "itl_ms_p99"):
             assert lv[k] > 0, k
+        # the contention it was measured under: the server (found by its port) is ours, not others
+        c = lv["contention"]
+        assert set(c) >= {"others", "suffered", "steal", "mhz", "attempts", "busy"}, c
+        assert isinstance(c["others"], float) and 0.0 <= c["others"] <= 1.0
+        assert 1 <= c["attempts"] <= 3 and c["busy"] == (c["others"] > 0.10)
+    assert isinstance(res["warnings"], list)
+    assert any("stayed busy" in w for w in res["warnings"]) == any(lv["contention"]["busy"] for lv in res["levels"])
 
 
 def test_bench_counts_errors_instead_of_failing(server):
