@@ -316,8 +316,10 @@ class Harness:
                           for i, shape in enumerate(shapes)]
                 pressure = (str(proc.containment.cgroup / "cpu.pressure")
                             if proc.containment.cgroup is not None else None)
+                def ours() -> list[int]:  # this process, the candidate's driver, the baseline workers
+                    return sorted({os.getpid(), proc.pid} | {w.proc.pid for s in setups for w in s["workers"].values()})
                 log = run_rounds(timer, setups, cfg.rounds, timeout, min_clean_rounds(cfg.rounds), pressure,
-                                 self.config.cpus("measure"))
+                                 self.config.cpus("measure"), ours)
                 proc.check_contained("measure")
         finally:
             arena.close()

@@ -33,6 +33,7 @@ class RoundsLog:
     clean: list[int] = field(default_factory=list)       # indices of the clean rounds
     suffered: list[dict[str, float]] = field(default_factory=list)  # per round: contender -> share
     waited_s: float = 0.0
+    machine: dict = field(default_factory=dict)          # the whole measurement: others, steal, mhz
     source: str = ""                                     # where the pressure was read, per contender
 
     @property
@@ -69,7 +70,7 @@ class _Pressure:
 
 
 def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean: int,
-               candidate_pressure: str | None, measure_cpus: list[int]) -> RoundsLog:
+               candidate_pressure: str | None, measure_cpus: list[int], ours=None) -> RoundsLog:
     """Rounds until ``rounds`` clean ones or ``rounds`` more were tried; appends each round's
     timings to ``s["times"]`` (all of them: the caller keeps the clean ones, ``log.clean``).
     Where this thread shares the measurement CPUs (no others to keep to), the CPU time this
@@ -81,6 +82,8 @@ def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean
     base = [_Pressure(s["workers"]["baseline"].pressure_file) for s in setups]
     where = lambda p: "cgroup" if p.path else ("machine" if p.machine else "unavailable")  # noqa: E731
     log.source = f"candidate: {where(cand)}, baseline: {'/'.join(sorted({where(b) for b in base}))}"
+    meter = contention.Meter(list(measure_cpus), ours=ours or (lambda: [os.getpid()]))
+    start = meter.snapshot()
     r = 0
     while len(log.clean) < rounds and r < 2 * rounds:
         if r >= rounds and log.waited_s < WAIT_TOTAL_S:  # a replacement: wait for quiet first
@@ -94,6 +97,10 @@ def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean
         log.run = r
         if r >= rounds and len(log.clean) + (2 * rounds - r) < min_clean:
             break  # even every remaining round clean would not be enough
+    # over the whole measurement: the measurement CPUs' time other processes used, the
+    # hypervisor's steal, the frequency at the end
+    reading = meter.between(start, meter.snapshot())
+    log.machine = {k: v for k, v in reading.as_dict().items() if k in ("others", "steal", "mhz")}
     return log
 
 

@@ -199,7 +199,7 @@ def contention_evidence(log: RoundsLog) -> dict:
     return {"suffered": round(suffered, 4), "worst": round(max(log.worst("candidate"), log.worst("baseline")), 4),
             "rounds": log.run, "disturbed_rounds": log.disturbed, "waited_s": round(log.waited_s, 1),
             "source": log.source, "busy": len(log.clean) < min_clean_rounds(log.planned) or
-            suffered > contention.BUSY,
+            suffered > contention.BUSY, **log.machine,
             # per round: the share of its timed time the candidate and the baseline waited for a CPU
             "per_round": [[None if r.get(k) is None else round(r[k], 3) for k in ("candidate", "baseline")]
                           for r in log.suffered]}

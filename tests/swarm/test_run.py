@@ -112,6 +112,7 @@ def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path):
     (["run", "--problems", "rmsnorm", "--time", "ten minutes"], "bad duration"),
     (["run", "--problems", "rmsnorm", "--budget", "2", "--agents", "wizard"], "unknown agent"),
     (["run", "--problems", "rmsnorm", "--budget", "0"], "budget"),
+    (["run", "--problems", "rmsnorm", "--budget", "2", "--objective", "fastest"], "'objective'"),
     (["run", "--resume", "deadbeef"], "no run"),
     (["show", "deadbeef"], "no run"),
 ])
