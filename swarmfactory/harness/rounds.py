@@ -3,11 +3,15 @@
 A round times, per workload shape, the candidate and the baseline (and, every other round, the
 eager reference) in alternating order. While a contender runs, the time it spent ready to run
 but waiting for a CPU is read from its cgroup's CPU pressure (Linux PSI; the machine's where it
-has no cgroup of its own): other work on the measurement CPUs shows up there, and nowhere else
-this precisely. A round in which the candidate or the baseline waited more than
-``contention.BUSY`` of its timed time is *disturbed*: it is not evidence. It is replaced by
-another round, up to as many rounds again, after waiting (bounded) for a quieter machine; with
-fewer than ``min_clean`` clean rounds the measurement says so instead of giving a figure.
+has no cgroup of its own), and over the whole round the share of the measurement CPUs' time that
+processes other than ours used (/proc/stat, less our processes' CPU time). A round is
+*disturbed* when a contender waited more than ``contention.BUSY`` of its timed time *and* other
+processes used more than ``OTHERS_BUSY`` of the CPUs meanwhile: a wait with nobody else running
+is the contender's own threads waiting for each other (an OpenMP pool beside its caller), the
+same in every round, not interference. A disturbed round is not evidence. It is replaced by
+another, up to as many rounds again, after waiting (bounded) for other processes to leave the
+measurement CPUs; with fewer than ``min_clean`` clean rounds the measurement says so instead of
+giving a figure.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from swarmfactory.harness.timing import sample
 
 WAIT_PER_ROUND_S = 5.0     # waiting for a quieter machine before a replacement round
 WAIT_TOTAL_S = 30.0        # ... and over one measurement
+OTHERS_BUSY = 0.05         # other processes' share of the measurement CPUs that makes a wait theirs
 
 
 @dataclass
@@ -32,6 +37,7 @@ class RoundsLog:
     run: int = 0
     clean: list[int] = field(default_factory=list)       # indices of the clean rounds
     suffered: list[dict[str, float]] = field(default_factory=list)  # per round: contender -> share
+    others: list[float | None] = field(default_factory=list)  # per round: other processes' CPU share
     waited_s: float = 0.0
     machine: dict = field(default_factory=dict)          # the whole measurement: others, steal, mhz
     source: str = ""                                     # where the pressure was read, per contender
@@ -44,10 +50,22 @@ class RoundsLog:
         vals = [r[name] for r in self.suffered if name in r]
         return max(vals) if vals else 0.0
 
-    def mean(self, name: str, clean_only: bool = False) -> float:
-        rows = [self.suffered[i] for i in (self.clean if clean_only else range(len(self.suffered)))]
-        vals = [r[name] for r in rows if name in r]
+    def other(self, i: int) -> float | None:
+        """Round ``i``'s share of the measurement CPUs other processes used (None: unknown)."""
+        return self.others[i] if i < len(self.others) else None
+
+    def mean(self, name: str, clean_only: bool = False, theirs: bool = False) -> float:
+        """The mean share ``name`` waited over the rounds (``clean_only``: the figure's); with
+        ``theirs``, only the waits other processes caused (rounds where they ran)."""
+        idx = self.clean if clean_only else range(len(self.suffered))
+        vals = [self.suffered[i][name] if not theirs or _theirs(self.other(i)) else 0.0
+                for i in idx if self.suffered[i].get(name) is not None]
         return sum(vals) / len(vals) if vals else 0.0
+
+
+def _theirs(others: float | None) -> bool:
+    """Other processes ran on the measurement CPUs during a round (unknown counts as yes)."""
+    return others is None or others > OTHERS_BUSY
 
 
 class _Pressure:
@@ -87,11 +105,13 @@ def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean
     r = 0
     while len(log.clean) < rounds and r < 2 * rounds:
         if r >= rounds and log.waited_s < WAIT_TOTAL_S:  # a replacement: wait for quiet first
-            _, waited = contention.wait_for_quiet(min(WAIT_PER_ROUND_S, WAIT_TOTAL_S - log.waited_s))
-            log.waited_s += waited
+            log.waited_s += _wait_for_others(meter, min(WAIT_PER_ROUND_S, WAIT_TOTAL_S - log.waited_s))
+        before = meter.snapshot()
         suffered = _round(timer, setups, r, rounds, timeout, cand)
+        others = meter.between(before, meter.snapshot()).others
         log.suffered.append(suffered)
-        if all(v is None or v <= contention.BUSY for v in suffered.values()):
+        log.others.append(others)
+        if all(v is None or v <= contention.BUSY for v in suffered.values()) or not _theirs(others):
             log.clean.append(r)
         r += 1
         log.run = r
@@ -102,6 +122,19 @@ def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean
     reading = meter.between(start, meter.snapshot())
     log.machine = {k: v for k, v in reading.as_dict().items() if k in ("others", "steal", "mhz")}
     return log
+
+
+def _wait_for_others(meter: contention.Meter, max_s: float, window_s: float = 0.5) -> float:
+    """Wait (at most ``max_s``) for a window in which other processes used under
+    ``contention.QUIET`` of the measurement CPUs; returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 + window_s <= max_s:
+        a = meter.snapshot()
+        time.sleep(window_s)
+        others = meter.between(a, meter.snapshot()).others
+        if others is not None and others < contention.QUIET:
+            break
+    return time.monotonic() - t0
 
 
 def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand: _Pressure) -> dict:

@@ -195,14 +195,20 @@ def objective_per_round(ratios: np.ndarray, w: np.ndarray, objective: str) -> np
 def contention_evidence(log: RoundsLog) -> dict:
     """What the evidence keeps of the contention a measurement was taken under."""
     clean = bool(log.clean)  # the figure's rounds; with none, every round's
-    suffered = max(log.mean("candidate", clean_only=clean), log.mean("baseline", clean_only=clean))
+    # the waits other processes caused (a contender's own threads waiting for each other is not contention)
+    suffered = max(log.mean("candidate", clean_only=clean, theirs=True),
+                   log.mean("baseline", clean_only=clean, theirs=True))
+    own = max(log.mean("candidate", clean_only=clean), log.mean("baseline", clean_only=clean))
     return {"suffered": round(suffered, 4), "worst": round(max(log.worst("candidate"), log.worst("baseline")), 4),
             "rounds": log.run, "disturbed_rounds": log.disturbed, "waited_s": round(log.waited_s, 1),
             "source": log.source, "busy": len(log.clean) < min_clean_rounds(log.planned) or
             suffered > contention.BUSY, **log.machine,
-            # per round: the share of its timed time the candidate and the baseline waited for a CPU
+            "waits_incl_own": round(own, 4),
+            # per round: the share of its timed time the candidate and the baseline waited for a
+            # CPU, and the share of the measurement CPUs other processes used
             "per_round": [[None if r.get(k) is None else round(r[k], 3) for k in ("candidate", "baseline")]
-                          for r in log.suffered]}
+                          + [None if log.other(i) is None else round(log.other(i), 3)]
+                          for i, r in enumerate(log.suffered)]}
 
 
 def basis(setups: list[dict], baseline_label) -> dict:

@@ -168,7 +168,8 @@ def test_a_wrong_or_batch_variant_candidate_is_refused_at_load(use_store):
 def test_a_pinned_candidate_needs_a_correct_evaluation_here(use_store, tmp_path, monkeypatch, problem):
     for cand in (use_store["unevaluated"], "0123456789abcdef0123"):
         with pytest.raises(NativeUnavailable, match=rf"candidate {cand} has no correct evaluation \(not_faster, "
-                                                    rf"faster, verified\) of this version of {PROBLEM} on "
+                                                    rf"faster, verified, inconclusive\) of this version of "
+                                                    rf"{PROBLEM} on "
                                                     r"this hardware"):
             _engine(native_matvec=f"champion:{PROBLEM}@{cand}")
     from swarmfactory.evidence.store import Store
