@@ -221,9 +221,13 @@ class ServingMeter:
                 return False, time.monotonic() - t0
 
 
+MIN_READING_S = 0.25  # a shorter window's share is a few clock ticks: no reading of others at all
+
+
 def disturbed(reading: C.Reading) -> bool:
-    """Other processes took more than ``contention.BUSY`` of the CPUs (unknown: not disturbed)."""
-    return reading.others is not None and reading.others > C.BUSY
+    """Other processes took more than ``contention.BUSY`` of the CPUs (unknown, or a window too
+    short to tell, ``MIN_READING_S``: not disturbed)."""
+    return reading.others is not None and reading.seconds >= MIN_READING_S and reading.others > C.BUSY
 
 
 def _r(x, digits: int = 4):
@@ -279,7 +283,7 @@ class LevelAttempts:
             pass
 
     def _dict(self, r: C.Reading) -> dict:
-        return {"others": _r(r.others), "suffered": _r(r.suffered), "steal": _r(r.steal), "mhz": _r(r.mhz, 1),
+        return {"others": _r(r.others) if r.seconds >= MIN_READING_S else None, "suffered": _r(r.suffered), "steal": _r(r.steal), "mhz": _r(r.mhz, 1),
                 "attempts": self.tried, "busy": disturbed(r), "waited_s": round(self.waited, 1)}
 
     def result(self):
