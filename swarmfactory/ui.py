@@ -166,21 +166,14 @@ def result_tables(summary: dict, wide: bool = False) -> list[Table]:
 def champion_notes(summary: dict) -> list[str]:
     """When and under what contention each champion was last confirmed (one line each), then a
     warning line per problem whose figures were measured on a busy machine."""
+    from swarmfactory.swarm.summary import confirmation_text
+
     lines = []
     for p in summary["problems"]:
         c = p.get("champion")
         if not c or "confirmed" not in c:
             continue
-        conf = c["confirmed"]
-        if conf is None:
-            line = f"{p['problem']}: champion {c['candidate_id'][:12]} not confirmed by a measurement here"
-        else:
-            by = "its re-measure" if conf["purpose"] == "remeasure" else f"{conf['purpose']} evaluation"
-            line = (f"{p['problem']}: champion {c['candidate_id'][:12]} last confirmed {str(conf['at'])[:19]} UTC "
-                    f"by {by} {conf['evaluation_id']} at {num(conf['speedup'])}x ({conf['contention']})")
-        if c.get("unconfirmed"):
-            line += f"; since then: {c['unconfirmed']}"
-        lines.append(line)
+        lines.append(f"{p['problem']}: champion {c['candidate_id'][:12]} {confirmation_text(c, num)}")
     return lines + list(summary.get("warnings") or [])
 
 

@@ -1,4 +1,9 @@
 import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -20,6 +25,29 @@ def harness():
     h = Harness(HarnessConfig(rounds=8, compile_baselines=False, case_timeout_s=5.0))
     yield h
     h.close()
+
+
+@contextmanager
+def _hogs(cpu: int, n: int):
+    procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        time.sleep(1.0)  # at full speed before anything is measured
+        yield
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+@pytest.fixture
+def cpu_hogs():
+    """``with cpu_hogs(cpu, n):`` ``n`` busy loops pinned to ``cpu``, killed with their session
+    however the test ends."""
+    return _hogs
 
 
 @pytest.fixture

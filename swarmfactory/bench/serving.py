@@ -298,28 +298,20 @@ class LevelAttempts:
 
 def measure_level(run, meter: ServingMeter, repeats: int | None = None, wait_s: float | None = None,
                   deadline: float | None = None, keep_on: tuple = ()):
-    """``run(attempt)`` (one measurement of the level: a LevelResult or a level dict) with its
-    contention, measured again while disturbed (``LevelAttempts``). An exception of a type in
-    ``keep_on`` on a repeat ends the repeats and keeps what was measured; any other exception,
-    or one on the first attempt, propagates with the contention it ran under (``.contention``).
-    ``repeats``, ``wait_s``: default ``LEVEL_REPEATS``, ``QUIET_WAIT_S``. Returns (result,
-    contention dict); the result carries the dict too."""
-    attempts = LevelAttempts(meter, repeats, wait_s, deadline)
-    for attempt in attempts:
-        try:
-            res = run(attempt)
-        except BaseException as e:
-            if attempts.best is not None and isinstance(e, keep_on):
-                break
-            attempts.failed(e)
-            raise
-        attempts.done(res)
-    return attempts.result()
+    """``measure_level_async`` for a plain function ``run(attempt)`` (called outside any event loop)."""
+    async def arun(attempt: int):
+        return run(attempt)
+    return asyncio.run(measure_level_async(arun, meter, repeats, wait_s, deadline, keep_on))
 
 
 async def measure_level_async(run, meter: ServingMeter, repeats: int | None = None, wait_s: float | None = None,
                               deadline: float | None = None, keep_on: tuple = ()):
-    """``measure_level`` for a coroutine function ``run(attempt)``."""
+    """``await run(attempt)`` (one measurement of the level: a LevelResult or a level dict) with
+    its contention, measured again while disturbed (``LevelAttempts``). An exception of a type in
+    ``keep_on`` on a repeat ends the repeats and keeps what was measured; any other exception, or
+    one on the first attempt, propagates with the contention it ran under (``.contention``).
+    ``repeats``, ``wait_s``: default ``LEVEL_REPEATS``, ``QUIET_WAIT_S``. Returns (result,
+    contention dict); the result carries the dict too."""
     attempts = LevelAttempts(meter, repeats, wait_s, deadline)
     for attempt in attempts:
         try:

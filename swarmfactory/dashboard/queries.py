@@ -18,12 +18,12 @@ from sqlalchemy.engine import Connection
 from swarmfactory.contention import BUSY
 from swarmfactory.evidence import quality
 from swarmfactory.evidence import schema as S
+from swarmfactory.harness.outcome import CORRECT
 
 E, C, R, CH, V, L = S.evaluations, S.candidates, S.runs, S.champions, S.validation_cases, S.lessons
 EVAL_LIST = (E.c.id, E.c.candidate_id, E.c.problem, E.c.run_id, E.c.purpose, E.c.outcome, E.c.stage, E.c.detail,
              E.c.speedup, E.c.ci_low, E.c.ci_high, E.c.seconds, E.c.created_at)
 _SECRET = re.compile(r"key|token|secret|passw|auth|cookie", re.I)
-CORRECT = ("faster", "not_faster", "verified", "inconclusive")  # passed verification
 
 
 class NotFound(LookupError):

@@ -325,7 +325,7 @@ class DesignServer:
         ``deadline``), and stays marked ``busy`` if every attempt was disturbed."""
         import asyncio
 
-        from swarmfactory.bench.serving import REPEAT_SEED, ServingMeter, make_prompts, measure_level, run_level
+        from swarmfactory.bench.serving import REPEAT_SEED, ServingMeter, make_prompts, measure_level_async, run_level
 
         meter = ServingMeter([self.proc.pid])  # ours: the design's server (and its children) and the tuner
         out: dict = {}
@@ -338,7 +338,8 @@ class DesignServer:
                     (cfg.prompts(c), cfg.seed + 1 + 100 * w + i)
                 cap = (caps or {}).get((key, c))
 
-                def one(attempt: int, key=key, c=c, n_prompts=n_prompts, seed=seed, n_out=n_out, n_in=n_in, cap=cap):
+                async def one(attempt: int, key=key, c=c, n_prompts=n_prompts, seed=seed, n_out=n_out, n_in=n_in,
+                              cap=cap):
                     prompts = make_prompts(n_prompts, n_in, seed + REPEAT_SEED * attempt)
                     limit = LEVEL_TIMEOUT_S
                     if deadline is not None:
@@ -346,8 +347,8 @@ class DesignServer:
                         if limit <= 0:
                             raise OutOfTime(f"the run's time ran out before {key} c={c}")
                     try:
-                        return asyncio.run(asyncio.wait_for(run_level(self.url, prompts, n_out, c),
-                                                            limit if cap is None else min(limit, cap)))
+                        return await asyncio.wait_for(run_level(self.url, prompts, n_out, c),
+                                                      limit if cap is None else min(limit, cap))
                     except (TimeoutError, asyncio.TimeoutError):
                         if deadline is not None and time.monotonic() >= deadline - 1:
                             raise OutOfTime(f"the run's time ran out during {key} c={c}") from None
@@ -356,8 +357,9 @@ class DesignServer:
                         raise
 
                 # a repeat that runs out of time or past its cap keeps the attempt measured before it
-                res, _ = measure_level(one, meter, deadline=repeat_deadline if repeat_deadline is not None
-                                       else deadline, keep_on=(OutOfTime, TooSlow, TimeoutError, asyncio.TimeoutError))
+                res, _ = asyncio.run(measure_level_async(
+                    one, meter, deadline=repeat_deadline if repeat_deadline is not None else deadline,
+                    keep_on=(OutOfTime, TooSlow, TimeoutError, asyncio.TimeoutError)))
                 lv = asdict(res)
                 lv["loadavg"] = list(os.getloadavg())
                 levels.append(lv)

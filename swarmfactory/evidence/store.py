@@ -278,6 +278,17 @@ class Store:
             q = q.where(S.evaluations.c.hardware_id == self.hardware["id"])
         return self._rows(q)
 
+    def measured_figures(self, problem) -> list[dict]:
+        """``candidate_id``, ``speedup`` and ``contention`` (the evidence's) of every ``faster`` or
+        ``not_faster`` evaluation of ``problem`` (this version) on this hardware: what the spread
+        between evaluations is learnt from, read at every measurement. One query, no sources or
+        evidence blobs."""
+        e = S.evaluations
+        return self._rows(select(e.c.candidate_id, e.c.speedup, e.c.evidence["contention"].label("contention"))
+                          .where(e.c.problem == problem.name, e.c.problem_spec == problem.spec_hash(),
+                                 e.c.hardware_id == self.hardware["id"], e.c.outcome.in_(("faster", "not_faster")))
+                          .order_by(e.c.id))
+
     def evaluation(self, evaluation_id: int) -> dict | None:
         rows = self._rows(select(S.evaluations).where(S.evaluations.c.id == evaluation_id))
         return rows[0] if rows else None

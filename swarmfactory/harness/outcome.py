@@ -32,6 +32,10 @@ class Outcome(str, Enum):
         return self in (Outcome.NOT_FASTER, Outcome.FASTER)
 
 
+CORRECT = tuple(o.value for o in Outcome if o.correct)     # passed verification: not rejections
+MEASURED = tuple(o.value for o in Outcome if o.measured)   # a speed claim either way
+
+
 class Rejected(Exception):
     """Raised inside the harness to end an evaluation with a failure outcome."""
 

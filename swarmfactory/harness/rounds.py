@@ -97,7 +97,8 @@ def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean
     log = RoundsLog(planned=rounds)
     cand = _Pressure(candidate_pressure)
     cand.shared = bool(set(os.sched_getaffinity(0)) & set(measure_cpus))
-    base = [_Pressure(s["workers"]["baseline"].pressure_file) for s in setups]
+    workers = {id(w): _Pressure(w.pressure_file) for s in setups for w in s["workers"].values()}
+    base = [workers[id(s["workers"]["baseline"])] for s in setups]
     where = lambda p: "cgroup" if p.path else ("machine" if p.machine else "unavailable")  # noqa: E731
     log.source = f"candidate: {where(cand)}, baseline: {'/'.join(sorted({where(b) for b in base}))}"
     meter = contention.Meter(list(measure_cpus), ours=ours or (lambda: [os.getpid()]))
@@ -107,7 +108,7 @@ def run_rounds(timer, setups: list[dict], rounds: int, timeout: float, min_clean
         if r >= rounds and log.waited_s < WAIT_TOTAL_S:  # a replacement: wait for quiet first
             log.waited_s += _wait_for_others(meter, min(WAIT_PER_ROUND_S, WAIT_TOTAL_S - log.waited_s))
         before = meter.snapshot()
-        suffered = _round(timer, setups, r, rounds, timeout, cand)
+        suffered = _round(timer, setups, r, rounds, timeout, cand, workers)
         others = meter.between(before, meter.snapshot()).others
         log.suffered.append(suffered)
         log.others.append(others)
@@ -137,8 +138,10 @@ def _wait_for_others(meter: contention.Meter, max_s: float, window_s: float = 0.
     return time.monotonic() - t0
 
 
-def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand: _Pressure) -> dict:
-    """One round over every shape; the share of its timed time each contender waited."""
+def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand: _Pressure,
+           workers: dict[int, _Pressure]) -> dict:
+    """One round over every shape; the share of its timed time each contender waited
+    (``workers``: each trusted worker's pressure, by ``id``)."""
     stall = {"candidate": 0.0, "baseline": 0.0}
     timed = {"candidate": 0.0, "baseline": 0.0}
     known = {"candidate": True, "baseline": True}
@@ -161,7 +164,7 @@ def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand:
                 s["times"][name].append(per_call)
             else:
                 w = s["workers"][name]
-                p = _Pressure(w.pressure_file)
+                p = workers[id(w)]
                 w.thaw()
                 try:
                     p0, t0 = p.read(), time.perf_counter_ns()

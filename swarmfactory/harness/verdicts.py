@@ -162,9 +162,8 @@ def between_spread(store, problem: Problem) -> dict:
     if store is None:
         return {"sigma": BETWEEN_FLOOR, "source": "default (no store)"}
     logs: dict[str, list[float]] = {}
-    for e in store.evaluations(problem=problem.name, this_hardware=True):
-        if (e["problem_spec"] == problem.spec_hash() and e["outcome"] in ("faster", "not_faster")
-                and e["speedup"] and e["speedup"] > 0 and not busy(e["evidence"])):
+    for e in store.measured_figures(problem):
+        if e["speedup"] and e["speedup"] > 0 and not busy(e["contention"]):
             logs.setdefault(e["candidate_id"], []).append(math.log(e["speedup"]))
     ss = dof = 0.0
     for xs in logs.values():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from swarmfactory.evidence.store import Store
 from swarmfactory.report.charts import curve_svg, stacked_bars_svg
-from swarmfactory.swarm.summary import summarize
+from swarmfactory.swarm.summary import confirmation_text, summarize
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -43,20 +43,6 @@ def _chart_title(p: dict, final: dict | None) -> str:
         text += (f"; champion {final['speedup']:.2f}x [{_f(final['ci_low'])}, {_f(final['ci_high'])}], "
                  f"{what} (red, with its 95% CI)")
     return f'<p class="chart">{text}</p>'
-
-
-def _confirmation(c: dict) -> str:
-    """When and under what contention the champion was last confirmed (``summary._confirmed``)."""
-    conf = c.get("confirmed")
-    if conf is None:
-        text = "not confirmed by a measurement on this hardware"
-    else:
-        by = "its re-measure" if conf["purpose"] == "remeasure" else f"{conf['purpose']} evaluation"
-        text = (f"last confirmed {str(conf['at'])[:19]} UTC by {by} {conf['evaluation_id']} at "
-                f"{_f(conf['speedup'])}x ({conf['contention']})")
-    if c.get("unconfirmed"):
-        text += f"; since then: {c['unconfirmed']}"
-    return text
 
 
 def lineage(store: Store, candidate_id: str, limit: int = 30) -> list[dict]:
@@ -132,7 +118,7 @@ def render(store: Store, run_id: str | None = None) -> str:
         parts.append(f"<p><b>champion</b> {_e(c['candidate_id'])} by {_e(c['agent'])}/{_e(c['operator'])}: "
                      f"{_f(c['speedup'])}x [{_f(c['ci_low'])}, {_f(c['ci_high'])}]{when} over {_e(c['baseline'])}; "
                      f"{_f(c['vs_reference'])}x the eager reference; roofline {_f(c['roofline_fraction'], '.0%')}</p>")
-        parts.append(f"<p class='confirmed'>{_e(_confirmation(c))}</p>")
+        parts.append(f"<p class='confirmed'>{_e(confirmation_text(c, _f))}</p>")
         parts.append("<table><tr><th>shape</th><th>baseline us</th><th>reference us</th><th>champion us</th>"
                      "<th>speedup [95% CI]</th><th>roofline</th></tr>")
         for sh in c["shapes"]:

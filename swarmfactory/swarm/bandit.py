@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from swarmfactory.harness.outcome import CORRECT
+
 
 @dataclass
 class Arm:
@@ -28,7 +30,6 @@ class Arm:
 
 
 REWARD = {"champion": 1.0, "faster": 0.3}
-CORRECT = ("faster", "not_faster", "verified", "inconclusive")  # passed verification
 
 
 class Bandit:

@@ -31,12 +31,10 @@ from dataclasses import dataclass
 
 from swarmfactory.contention import BUSY
 from swarmfactory.evidence.quality import busy, describe
-from swarmfactory.harness.outcome import Outcome
+from swarmfactory.harness.outcome import CORRECT, MEASURED
 
 SUCCESSORS = 3   # retained candidates re-measured, best first, after a demotion
 NO_CLAIM = ("inconclusive", "verified", "needs_device")   # correct, no speed claim either way
-MEASURED = ("faster", "not_faster")
-CORRECT = tuple(o.value for o in Outcome if o.correct)
 
 # A fresh re-measure of a candidate record: measures it (verifying it on today's cases first),
 # records the verdict (purpose "remeasure") and returns the evaluation's id.

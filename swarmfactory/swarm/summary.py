@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 
 from swarmfactory.evidence.quality import busy, contention, describe
 from swarmfactory.evidence.store import Store
+from swarmfactory.harness.outcome import CORRECT
 from swarmfactory.problems import ProblemError, load_problem
 
-CORRECT = ("faster", "not_faster", "verified", "inconclusive")  # passed verification: not rejections
 
 
 def summarize(store: Store, run_id: str | None = None) -> dict:
@@ -151,6 +151,21 @@ def _confirmed(store, problem, row: dict) -> dict:
     if row["reason"].startswith("re-measured:") and "not confirmed" in row["reason"]:
         unconfirmed = row["reason"].removeprefix("re-measured: ")
     return {"confirmed": confirmed, "unconfirmed": unconfirmed}
+
+
+def confirmation_text(champion: dict, fmt=lambda x: f"{x:.2f}") -> str:
+    """When and under what contention ``champion`` (a summary's champion, ``_confirmed``) was last
+    confirmed, and what a later re-measure said: the line ``show``, ``report`` print."""
+    conf = champion.get("confirmed")
+    if conf is None:
+        text = "not confirmed by a measurement on this hardware"
+    else:
+        by = "its re-measure" if conf["purpose"] == "remeasure" else f"{conf['purpose']} evaluation"
+        text = (f"last confirmed {str(conf['at'])[:19]} UTC by {by} {conf['evaluation_id']} at "
+                f"{fmt(conf['speedup'])}x ({conf['contention']})")
+    if champion.get("unconfirmed"):
+        text += f"; since then: {champion['unconfirmed']}"
+    return text
 
 
 def warnings(problems: list[dict]) -> list[str]:

@@ -2,11 +2,7 @@
 figure (real CPU hogs, real PSI; skipped where the kernel has no pressure information)."""
 
 import os
-import signal
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -17,22 +13,6 @@ from swarmfactory.problems import load_problem
 
 needs_psi = pytest.mark.skipif(not contention.pressure_available(),
                                reason="no CPU pressure information (PSI) on this kernel")
-
-
-@contextmanager
-def hogs(cpu: int, n: int):
-    procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
-                              start_new_session=True) for _ in range(n)]
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
 
 
 def test_a_reading_is_shares_of_the_window():
@@ -49,7 +29,7 @@ def test_a_reading_is_shares_of_the_window():
 
 
 @needs_psi
-def test_a_measurement_taken_while_cpu_hogs_run_gives_no_figure(monkeypatch):
+def test_a_measurement_taken_while_cpu_hogs_run_gives_no_figure(monkeypatch, cpu_hogs):
     """Two busy loops on the measurement CPU: every round the candidate waits for it, so no
     round is clean and the verdict is `inconclusive`, with its contention, never a speedup."""
     from swarmfactory.harness import rounds
@@ -63,7 +43,7 @@ def test_a_measurement_taken_while_cpu_hogs_run_gives_no_figure(monkeypatch):
     try:
         prep = h.prepare(p, p.render())
         assert prep.rejected is None, prep.rejected
-        with hogs(measure[0], 2):
+        with cpu_hogs(measure[0], 2):
             v = h.measure(prep)
     finally:
         h.close()

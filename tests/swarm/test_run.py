@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -151,25 +150,9 @@ needs_psi = pytest.mark.skipif(not contention.pressure_available(),
                                reason="no CPU pressure information (PSI) on this kernel")
 
 
-@contextmanager
-def hogs(cpu: int, n: int):
-    """``n`` busy loops pinned to ``cpu``, killed (with their session) however the test ends."""
-    procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
-                              start_new_session=True) for _ in range(n)]
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-
-
 @needs_psi
-def test_a_run_on_a_busy_machine_crowns_nothing_and_measures_inconclusive_candidates_again(tmp_path, monkeypatch):
+def test_a_run_on_a_busy_machine_crowns_nothing_and_measures_inconclusive_candidates_again(tmp_path, monkeypatch,
+                                                                                          cpu_hogs):
     """Busy loops on the measurement CPU for the whole run: every timing is disturbed, so each
     candidate's verdict is `inconclusive` (with the contention it was taken under), none is
     crowned, and each is measured again later (up to RETRIES times), never learnt from."""
@@ -181,7 +164,7 @@ def test_a_run_on_a_busy_machine_crowns_nothing_and_measures_inconclusive_candid
     store = Store(str(tmp_path / "e.db"))
     cfg = RunConfig.build(problems="rmsnorm", budget=3, agents="seed", **{**FAST, "parallel": 2})
     measure_cpu = sorted(os.sched_getaffinity(0))[-1]  # the coordinator measures on the last CPU
-    with hogs(measure_cpu, 2):
+    with cpu_hogs(measure_cpu, 2):
         run_id = Coordinator(cfg, store).run()
     evs = search_evals(store, run_id)
     assert len(evs) == 3

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from swarmfactory.harness.outcome import Outcome
+from swarmfactory.harness.outcome import CORRECT
 
 from ..config import NATIVE_MATVEC_PROBLEM as PROBLEM
 from ..config import parse_native_matvec as parse
@@ -39,7 +39,6 @@ from .library import Ext, NativeUnavailable, linear, load_library, probe, random
 
 SIGNATURE = ("void q4_1_packed_matvec(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, "
              "float *y, int64_t n, int64_t k, int64_t batch)")
-CORRECT = tuple(o.value for o in Outcome if o.correct)  # outcomes that passed verification
 
 
 @dataclass(frozen=True)
