@@ -1,4 +1,4 @@
-/* expect: faster -- a plain correct kernel: frequencies once per call, one fp32 angle (as HF computes it) and one sin/cos per (token, frequency) shared by every head; HF's eager rotary runs about ten torch ops */
+/* expect: correct -- a plain correct kernel: frequencies once per call, one fp32 angle (as HF computes it) and one sin/cos per (token, frequency) shared by every head; HF's eager rotary runs about ten torch ops */
 #include <stdint.h>
 #include <math.h>
 #define CHUNK 1024
