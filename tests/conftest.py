@@ -79,3 +79,50 @@ def pg_url():
             c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
             c.execute(text(f"DROP DATABASE {name}"))
         admin.dispose()
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process on the machine."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                table[int(entry)] = (int(fields[1]), fields[0])
+            except (OSError, IndexError, ValueError):
+                pass
+    return table
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under ``pid`` (children, their children, ...), zombies excluded."""
+    table = _proc_table()
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, (pp, st) in table.items() if pp in frontier and p not in found}
+        found |= frontier
+    return {p for p in found if table[p][1] not in ("Z", "X")}
+
+
+def still_alive(pids, within: float = 10.0) -> set[int]:
+    """Those of ``pids`` still alive (not zombies) after waiting up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        table = _proc_table()
+        left = {p for p in pids if p in table and table[p][1] not in ("Z", "X")}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def process_tree():
+    """``descendants(pid)`` and ``still_alive(pids, within)``: a process tree checked by pid, never
+    by name."""
+    class _Tree:
+        pass
+
+    t = _Tree()
+    t.descendants, t.still_alive = descendants, still_alive
+    return t

@@ -132,6 +132,9 @@ def tune_cmd(
         _fail(str(e))
     designer = _design_llm(llm, llm_model) if llm else None
     st = _open(store, create=not resume)
+    from swarmfactory import lifecycle
+
+    lifecycle.watch(st)  # design servers a killed tune left on this store end; ours are recorded
     progress = _Progress()
     try:
         tuner = Tuner(cfg, st, resume=resume, progress=progress, log=lambda m: err.print(m, highlight=False,

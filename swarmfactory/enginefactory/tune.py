@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from swarmfactory import lifecycle
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.contention import BUSY
 from swarmfactory.engine.config import EngineConfig
@@ -246,6 +247,7 @@ class DesignServer:
              "--reference", str(reference), "--port", str(self.port)] + (["--serve-anyway"] if serve_anyway else []),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
             preexec_fn=_die_with_parent)
+        lifecycle.adopt(self.proc.pid, "engine design server")
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -380,6 +382,8 @@ class DesignServer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self.proc.returncode is not None:
+            lifecycle.release(self.proc.pid)
 
 
 @dataclass

@@ -188,3 +188,18 @@ leases = Table(
     _created(),
     UniqueConstraint("candidate_id", "problem_spec", "validation_version", "hardware_id"),
 )
+
+# Processes a run, an evaluation or a tuning session started (swarmfactory/lifecycle.py), by pid
+# and start time on one boot of one machine, with their owner's: should the owner die without
+# ending them, the next run on the store does. Added without a schema bump (created on first use).
+processes = Table(
+    "processes", metadata,
+    Column("boot", String(64), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("start", String(32), nullable=False),           # /proc/PID/stat start time
+    Column("what", String(64), nullable=False),
+    Column("owner_pid", Integer, nullable=False),
+    Column("owner_start", String(32)),
+    _created(),
+    UniqueConstraint("boot", "pid", "start"),
+)

@@ -4,12 +4,20 @@ Every baseline of a problem runs as a user would run it: the default environment
 policy), eager and (optionally) under torch.compile, at each thread count worth trying on the
 measurement CPUs (1, powers of two, all of them). The fastest median per workload shape becomes
 *the* baseline for that shape and is recorded, settings included, with the hardware it was
-measured on. Workers are kept for reuse across evaluations.
+measured on.
+
+Workers are kept for reuse across evaluations, within a budget: one worker per (problem,
+baseline) serves every mode and thread count (a torch import is most of a worker's memory), and
+the pool holds at most ``max_workers`` workers and ``max_bytes`` resident bytes, sized from the
+machine; past either, the least recently used worker that the current measurement does not hold
+is closed (it is started again, in a second or two, if a later evaluation needs it).
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -29,26 +37,110 @@ def thread_counts(cpus: int) -> list[int]:
     return sorted(counts)
 
 
+def resident_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def default_budget(cpus: int) -> tuple[int, int]:
+    """(workers, resident bytes) the pool may hold on this machine: two per measurement CPU plus
+    two (a measurement holds a baseline and the eager reference), at most eight; and a tenth of
+    the machine's memory, between 1 and 4 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        total = 16 << 30
+    return min(8, 2 + 2 * max(1, cpus)), int(min(4 << 30, max(1 << 30, total // 10)))
+
+
+class BaselineHandle:
+    """One runner (mode, thread count) of a baseline's worker: requests name it; everything else
+    (freeze, thaw, the process, its pressure file) is the worker's."""
+
+    def __init__(self, worker: Worker, mode: str, threads: int):
+        self.worker, self.runner = worker, [mode, threads]
+
+    def request(self, msg: dict, timeout: float, stage: str) -> dict:
+        return self.worker.request({**msg, "runner": self.runner}, timeout, stage)
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+
 class BaselinePool:
-    """Trusted PyTorch contenders in persistent workers, keyed by (problem, baseline, mode, threads)."""
+    """Trusted PyTorch contenders in persistent workers, one per (problem, baseline), within a
+    budget of workers and resident bytes."""
 
-    def __init__(self, cpus: list[int], timeout: float = 600.0):
+    def __init__(self, cpus: list[int], timeout: float = 600.0, max_workers: int | None = None,
+                 max_bytes: int | None = None):
         self.cpus, self.timeout = cpus, timeout
-        self.workers: dict[tuple, Worker] = {}
-        self.lock = threading.Lock()
+        workers, nbytes = default_budget(len(cpus))
+        self.max_workers = max(2, max_workers or workers)
+        self.max_bytes = max_bytes or nbytes
+        self.workers: "OrderedDict[tuple, Worker]" = OrderedDict()  # least recently used first
+        self.handles: dict[tuple, BaselineHandle] = {}
+        self.held: set[tuple] = set()  # the current measurement's workers: never evicted
+        self.peak = {"workers": 0, "bytes": 0}
+        self.evicted = 0
+        self.lock = threading.RLock()
 
-    def worker(self, problem: Problem, name: str, mode: str, threads: int | None = None) -> Worker:
+    def hold_none(self) -> None:
+        """A new measurement starts: the workers the last one used may be evicted again."""
+        with self.lock:
+            self.held.clear()
+
+    def resident(self) -> int:
+        return sum(resident_bytes(w.proc.pid) for w in self.workers.values())
+
+    def _evict(self, room_for: int) -> None:
+        """Close least recently used workers not held until ``room_for`` more fit the budget."""
+        for key in list(self.workers):
+            if len(self.workers) + room_for <= self.max_workers and self.resident() <= self.max_bytes:
+                return
+            if key in self.held:
+                continue
+            self._drop(key)
+            self.evicted += 1
+
+    def _drop(self, key: tuple) -> None:
+        w = self.workers.pop(key)
+        for hk in [hk for hk in self.handles if hk[0] == key]:
+            del self.handles[hk]
+        w.close()
+
+    def worker(self, problem: Problem, name: str, mode: str, threads: int | None = None) -> BaselineHandle:
         threads = threads or len(self.cpus)
-        key = (problem.name, problem.spec_hash(), name, mode, threads)
-        if key not in self.workers:
-            w = Worker(cpus=self.cpus, mem_gb=32, cpu_seconds=1 << 20, isolate_net=False, trusted=True)
-            w.request({"op": "load_baseline", "problem": problem.source_path, "name": name,
-                       "mode": mode, "threads": threads}, self.timeout, "baseline load")
-            self.workers[key] = w
-        return self.workers[key]
+        key = (problem.name, problem.spec_hash(), name)
+        with self.lock:
+            self.held.add(key)
+            if key in self.workers and self.workers[key].proc.poll() is not None:
+                self._drop(key)  # killed (a request timed out): a fresh one serves from now on
+            if key not in self.workers:
+                self._evict(room_for=1)
+                self.workers[key] = Worker(cpus=self.cpus, mem_gb=32, cpu_seconds=1 << 20,
+                                           isolate_net=False, trusted=True)
+            self.workers.move_to_end(key)
+            w = self.workers[key]
+            hkey = (key, mode, threads)
+            if hkey not in self.handles:
+                try:
+                    w.request({"op": "load_baseline", "problem": problem.source_path, "name": name,
+                               "mode": mode, "threads": threads}, self.timeout, "baseline load")
+                except Exception:
+                    if w.proc.poll() is not None:  # dead: a later request starts a fresh one
+                        self._drop(key)
+                    raise
+                self.handles[hkey] = BaselineHandle(w, mode, threads)
+            self.peak["workers"] = max(self.peak["workers"], len(self.workers))
+            self.peak["bytes"] = max(self.peak["bytes"], self.resident())
+            return self.handles[hkey]
 
     def set_inputs(self, problem: Problem, name: str, mode: str, slot: str, inputs: dict, shape,
-                   threads: int | None = None) -> Worker:
+                   threads: int | None = None) -> BaselineHandle:
         w = self.worker(problem, name, mode, threads)
         w.request({"op": "set", "slot": slot, "inputs": inputs,
                    "out_shapes": problem.output_shapes(shape)}, self.timeout, "baseline setup")
@@ -73,7 +165,7 @@ class BaselinePool:
                         results.append({"name": name, "mode": mode, "threads": threads, "error": str(exc)})
                         continue
                     finally:
-                        key = (problem.name, problem.spec_hash(), name, mode, threads)
+                        key = (problem.name, problem.spec_hash(), name)
                         if key in self.workers:
                             self.workers[key].freeze()
                     results.append({"name": name, "mode": mode, "threads": threads,
@@ -86,6 +178,9 @@ class BaselinePool:
                 "environment": "default (no OpenMP wait policy)", "all": results}
 
     def close(self) -> None:
-        for w in self.workers.values():
-            w.close()
-        self.workers.clear()
+        with self.lock:
+            for w in self.workers.values():
+                w.close()
+            self.workers.clear()
+            self.handles.clear()
+            self.held.clear()

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmfactory import lifecycle
 from swarmfactory.harness import tracer
 from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.drivertools import driver_path, syscall_names
@@ -152,6 +153,8 @@ class CandidateProcess:
         os.close(cmd_r)
         os.close(reply_w)
         self.pid = self.proc.pid
+        cg = self.containment.cgroup
+        lifecycle.adopt(self.pid, "candidate driver", str(cg) if cg else None, ledger_too=False)
         self.watchdog = _Watchdog(self._kill_group)
         _register(self)
         self.isolation = {"seccomp": False, "containment": "process group"}
@@ -442,6 +445,7 @@ class CandidateProcess:
             except ChildProcessError:
                 pass
         self.containment.close()
+        lifecycle.release(self.pid)
         for fd in (self.cmd_w, self.reply_r):
             try:
                 os.close(fd)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from swarmfactory import lifecycle
 from swarmfactory.backends import BuildError, get_backend
 from swarmfactory.backends.base import Artifact, CheatError
 from swarmfactory.harness.arena import Arena
@@ -90,6 +91,7 @@ class Harness:
     def __init__(self, config: HarnessConfig | None = None, store=None, backend: str = "c"):
         self.config = config or HarnessConfig()
         self.store = store
+        lifecycle.watch(store)  # what a dead run left on this store ends; ours are recorded
         self.backend = get_backend(backend)
         self.baselines = BaselinePool(self.config.cpus("measure"))
         self._choices: dict[tuple, dict] = {}
@@ -136,6 +138,7 @@ class Harness:
             return gpu.measure(self, prep)
         t0 = time.monotonic()
         with self.measure_lock, self._off_measure_cpus():
+            self.baselines.hold_none()  # the last measurement's workers may be evicted now
             try:
                 verdict = self._measure(prep)
                 if verdict.speedup and self._implausible(verdict):
@@ -362,6 +365,8 @@ class Harness:
 
     def close(self) -> None:
         self.baselines.close()
+        if self.store is not None:
+            lifecycle.stop_recording(self.store)
 
 
 NOOP_KERNEL = "void sf_noop(void) {}\n"

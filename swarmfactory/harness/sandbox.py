@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 
+from swarmfactory import lifecycle
 from swarmfactory.harness import protocol
 from swarmfactory.harness.isolation import Containment
 from swarmfactory.harness.outcome import Outcome, Rejected
@@ -134,6 +135,8 @@ class Worker:
         # baseline's timing suffered (swarmfactory/contention.py), and it is killed whole
         self.containment = Containment(self.tmpdir, use_cgroup=True)
         self.containment.adopt(self.proc.pid)
+        cg = self.containment.cgroup
+        lifecycle.adopt(self.proc.pid, "baseline worker" if trusted else "worker", str(cg) if cg else None)
         with _LIVE_LOCK:
             _LIVE.add(self)
 
@@ -214,6 +217,8 @@ class Worker:
             pass
         if self.containment.cgroup is not None:  # (its token fallback would match our own TMPDIR)
             self.containment.close()
+        if self.proc.returncode is not None:
+            lifecycle.release(self.proc.pid)
 
     def close(self) -> None:
         self.thaw()

@@ -1,8 +1,11 @@
 """The trusted worker: our own PyTorch baselines and eager references, never candidate code.
 
-Started by ``sandbox.Worker`` as ``python -m swarmfactory.harness.worker IN_FD OUT_FD``. It runs
-in the environment a user has (no OpenMP wait policy or thread count set for it), at the thread
-count the harness found best for the baseline, and times its own loops: it is trusted, and a
+Started by ``sandbox.Worker`` as ``python -m swarmfactory.harness.worker IN_FD OUT_FD``. One
+worker serves one baseline of one problem in every mode (eager, torch.compile) and at every thread
+count: each request names its runner, ``[mode, threads]``, and the worker sets torch's thread count
+to the runner's before it runs anything (one torch import per baseline, not one per thread count
+and mode). It runs in the environment a user has (no OpenMP wait policy or thread count set for
+it), and times its own loops: it is trusted, and a
 self-timed loop carries none of the exchange overhead. Candidate code runs only in the C driver
 (driver.c), which speaks a fixed binary format and nothing else.
 """
@@ -88,8 +91,38 @@ def dispatch_ns(iters: int = 20000) -> float:
     return best
 
 
+class Runners:
+    """The runners of one worker, keyed by (mode, threads); torch's thread count follows the
+    runner a request names."""
+
+    def __init__(self):
+        self.problem: tuple | None = None  # (source, name) every runner of this worker serves
+        self.runners: dict[tuple, BaselineRunner] = {}
+        self.threads: int | None = None
+
+    def load(self, msg: dict) -> None:
+        ident = (msg["problem"], msg["name"])
+        if self.problem not in (None, ident):
+            raise ValueError(f"this worker serves {self.problem[1]} of {self.problem[0]}, not {ident}")
+        self.problem = ident
+        key = (msg["mode"], int(msg["threads"]))
+        if key not in self.runners:
+            self.runners[key] = BaselineRunner(msg["problem"], msg["name"], msg["mode"], msg["threads"])
+            self.threads = max(1, int(msg["threads"]))
+
+    def select(self, msg: dict) -> BaselineRunner:
+        key = tuple(msg.get("runner") or ())
+        if len(key) != 2 or (key[0], int(key[1])) not in self.runners:
+            raise KeyError(f"no runner {key!r} loaded in this worker")
+        runner = self.runners[(key[0], int(key[1]))]
+        if self.threads != max(1, runner.threads):
+            runner.torch.set_num_threads(max(1, runner.threads))
+            self.threads = max(1, runner.threads)
+        return runner
+
+
 def serve(fd_in: int, fd_out: int) -> None:
-    runner = None
+    runners = Runners()
     while True:
         try:
             msg = protocol.recv(fd_in)
@@ -98,15 +131,15 @@ def serve(fd_in: int, fd_out: int) -> None:
         op = msg["op"]
         try:
             if op == "load_baseline":
-                runner = BaselineRunner(msg["problem"], msg["name"], msg["mode"], msg["threads"])
+                runners.load(msg)
                 reply = {"ok": True}
             elif op == "set":
-                runner.set(msg["slot"], msg["inputs"], msg["out_shapes"])
+                runners.select(msg).set(msg["slot"], msg["inputs"], msg["out_shapes"])
                 reply = {"ok": True}
             elif op == "call":
-                reply = runner.call(msg["slot"], msg.get("poison", float("nan")))
+                reply = runners.select(msg).call(msg["slot"], msg.get("poison", float("nan")))
             elif op == "time":
-                reply = runner.time(msg["slots"], msg["iters"], msg.get("outputs", False))
+                reply = runners.select(msg).time(msg["slots"], msg["iters"], msg.get("outputs", False))
             elif op == "dispatch":
                 reply = {"ns": dispatch_ns()}
             elif op == "exit":

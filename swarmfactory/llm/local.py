@@ -12,6 +12,8 @@ import time
 
 import httpx
 
+from swarmfactory import lifecycle
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -41,6 +43,7 @@ class LocalEngine:
         env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        lifecycle.adopt(self.proc.pid, "local LLM engine")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -62,6 +65,7 @@ class LocalEngine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        lifecycle.release(self.proc.pid)
 
     def __enter__(self):
         return self

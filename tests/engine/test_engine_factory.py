@@ -344,7 +344,7 @@ def _evaluations(db):
 
 
 def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_applies(reference, tmp_path,
-                                                                                       model_path):
+                                                                                       model_path, process_tree):
     _, cache = reference
     db = tmp_path / "e.db"
     env = dict(os.environ, SWARMFACTORY_CACHE=str(cache), SWARMFACTORY_STORE=str(db))
@@ -358,8 +358,10 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
             break
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(1)
+    tree = process_tree.descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert process_tree.still_alive(tree, within=10) == set(), "a process of the killed tune lives on"
     before = _evaluations(db)
     assert len(before) >= 2
     from swarmfactory.evidence.store import Store
@@ -368,7 +370,6 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     run = st._rows(__import__("sqlalchemy").select(__import__("swarmfactory.evidence.schema",
                                                                fromlist=["runs"]).runs))[0]
     assert run["status"] == "running" and run["config"]["kind"] == "engine-tune"
-    time.sleep(1)  # its design servers died with it (PDEATHSIG): nothing left listening on their ports
     out = _cli("engine", "tune", "--resume", run["id"], env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     after = _evaluations(db)

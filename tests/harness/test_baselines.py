@@ -45,3 +45,28 @@ def test_the_chosen_baseline_records_its_settings():
     assert record["threads"] in thread_counts(len(os.sched_getaffinity(0)))
     assert "default" in record["environment"]
     assert {r["threads"] for r in record["all"]} == set(thread_counts(len(os.sched_getaffinity(0))))
+
+
+def test_one_worker_serves_a_baseline_at_every_thread_count_and_the_pool_keeps_its_budget():
+    cpus = sorted(os.sched_getaffinity(0))
+    pool = BaselinePool(cpus, max_workers=2)
+    try:
+        seen = []
+        for name in ("rmsnorm", "softmax", "swiglu"):
+            p = load_problem(name)
+            pool.hold_none()  # a new measurement
+            record = pool.choose(p, p.workload[0], compile_too=False, samples=1)
+            # every thread count was timed, in one worker per baseline
+            assert {r["threads"] for r in record["all"] if "us" in r} == set(thread_counts(len(cpus)))
+            assert sum(1 for k in pool.workers if k[0] == name) == len(p.baselines)
+            seen.append(len(pool.workers))
+            assert len(pool.workers) <= max(2, len(p.baselines))
+        assert pool.evicted >= 1
+        assert pool.peak["workers"] <= 2  # the least recently used is closed before one starts
+        # an evicted problem's baseline starts again when needed, and answers
+        p = load_problem("rmsnorm")
+        pool.hold_none()
+        assert pool.choose(p, p.workload[0], compile_too=False, samples=1)["us"] > 0
+    finally:
+        pool.close()
+    assert pool.workers == {}

@@ -75,7 +75,7 @@ def test_a_template_that_only_breaks_leaves_the_run_healthy(tmp_path):
     assert s["status"] == "finished" and s["problems"][0]["champion"] is None
 
 
-def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path):
+def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path, process_tree):
     db = tmp_path / "e.db"
     cmd = [sys.executable, "-m", "swarmfactory.cli", "run", "--problems", "rmsnorm", "--budget", "8",
            "--store", str(db), "--rounds", "3", "--no-compile-baselines", "--json"]
@@ -89,8 +89,11 @@ def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path):
             if len(search_evals(store)) >= 3:
                 break
         assert proc.poll() is None, "the run ended before it could be killed"
+    tree = process_tree.descendants(proc.pid)  # its baseline workers (some frozen), drivers, guard
+    assert tree
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert process_tree.still_alive(tree, within=10) == set(), "a process of the killed run lives on"
     run_id = store.run()["id"]
     before = {e["id"]: e["candidate_id"] for e in search_evals(store, run_id)}
     assert 3 <= len(before) < 8

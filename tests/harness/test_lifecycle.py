@@ -1,0 +1,120 @@
+"""Nothing we start outlives us, however we die (swarmfactory/lifecycle.py): checked by process
+tree, pid and start time, never by name."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from swarmfactory import lifecycle
+from swarmfactory.evidence.store import Store
+
+# A parent that starts two trusted workers (a torch import each), freezes one (SIGSTOP, as the
+# harness does while another contender is timed), says so, and waits to be killed.
+PARENT = textwrap.dedent("""
+    import sys, time
+    from swarmfactory import lifecycle
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.harness.sandbox import Worker
+    if len(sys.argv) > 1:
+        lifecycle.record_in(Store(sys.argv[1]))
+    a, b = Worker(trusted=True), Worker(trusted=True)
+    a.freeze()
+    print(a.proc.pid, b.proc.pid, lifecycle.guard_pid(), flush=True)
+    time.sleep(600)
+""")
+
+
+def _start_parent(*args):
+    proc = subprocess.Popen([sys.executable, "-c", PARENT, *args], stdout=subprocess.PIPE, text=True)
+    pids = [int(x) for x in proc.stdout.readline().split()]
+    assert len(pids) == 3 and all(pids), pids
+    return proc, pids
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_kill_9_of_the_parent_ends_its_frozen_and_running_workers(process_tree):
+    proc, (frozen, running, guard) = _start_parent()
+    try:
+        assert _state(frozen) == "T"
+        tree = process_tree.descendants(proc.pid)
+        assert {frozen, running, guard} <= tree
+        os.kill(proc.pid, signal.SIGKILL)  # as the OOM killer would: no handler of ours runs
+        proc.wait()
+        assert process_tree.still_alive(tree, within=10) == set()
+    finally:
+        proc.kill()
+
+
+def test_what_the_guard_missed_is_ended_from_the_store_by_pid_and_start_time(tmp_path, process_tree):
+    db = str(tmp_path / "e.db")
+    Store(db)
+    proc, (frozen, running, guard) = _start_parent(db)
+    try:
+        os.kill(guard, signal.SIGKILL)  # the guard dies first: the workers stay, frozen or not
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # a running worker sees its pipe close and exits; a frozen one cannot, and stays
+        assert process_tree.still_alive({running}, within=10) == set()
+        time.sleep(1.0)
+        assert process_tree.still_alive({frozen}, within=0) == {frozen}
+        ended = lifecycle.reap_recorded(Store(db))  # what the next run on this store does first
+        assert [(r["pid"], r["what"]) for r in ended] == [(frozen, "baseline worker")]
+        assert process_tree.still_alive({frozen, running}, within=10) == set()
+        assert lifecycle.reap_recorded(Store(db)) == []  # forgotten once ended
+    finally:
+        for pid in (frozen, running):
+            lifecycle.kill_tree(pid)
+        proc.kill()
+
+
+def test_a_live_owner_s_processes_and_a_reused_pid_are_left_alone(tmp_path):
+    db = str(tmp_path / "e.db")
+    store = Store(db)
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        lifecycle.record_in(store)
+        lifecycle.adopt(sleeper.pid, "test sleeper")
+        assert lifecycle.reap_recorded(Store(db)) == []  # its owner (this process) is alive
+        # a record whose start time no longer matches names another process now: never killed
+        from swarmfactory.evidence import processes
+
+        processes.record(store, sleeper.pid, "1", "stale", 1, "0", lifecycle.boot_id())
+        assert lifecycle.reap_recorded(Store(db)) == []
+        assert sleeper.poll() is None
+    finally:
+        lifecycle.release(sleeper.pid)
+        lifecycle.stop_recording(store)
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_kill_9_of_eval_mid_measurement_leaves_nothing(tmp_path, process_tree):
+    kernel = tmp_path / "k.c"
+    kernel.write_text((__import__("pathlib").Path(__file__).parents[1] / "adversarial" / "rmsnorm" /
+                       "correct_scalar.c").read_text())
+    proc = subprocess.Popen([sys.executable, "-m", "swarmfactory.cli", "eval", "--problem", "rmsnorm",
+                             str(kernel), "--store", str(tmp_path / "e.db")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, tree = time.monotonic() + 120, set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            # the guard, a trusted worker and a candidate driver at least: measuring
+            tree |= process_tree.descendants(proc.pid)
+            if len(process_tree.descendants(proc.pid)) >= 3:
+                time.sleep(1.0)
+                tree |= process_tree.descendants(proc.pid)
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None and len(tree) >= 3, "the evaluation ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert process_tree.still_alive(tree, within=10) == set()
+    finally:
+        proc.kill()
