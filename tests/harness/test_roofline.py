@@ -25,7 +25,8 @@ def test_describe_never_prints_more_than_100_percent():
         assert "%" not in text and "roof too low" in text and "load 3.1" in text
 
 
-def test_remeasure_keeps_the_higher_roof(monkeypatch):
+def test_remeasure_keeps_the_higher_roof(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path))
     new = {"bandwidth": [[1 << 20, 80e9], [1 << 30, 30e9]], "peak_flops": 2e12, "loadavg": [0.2, 0.3],
            "quiet": True}
     monkeypatch.setattr(roofline, "measure_roofs", lambda cpus, wait_s=0.0: dict(new))
@@ -49,3 +50,46 @@ def test_measured_roofs_are_medians_with_their_load():
     assert len(roofs["loadavg"]) == 2 and isinstance(roofs["quiet"], bool)
     assert [s for s, _ in roofs["bandwidth"]] == list(roofline.SIZES)
     assert all(r > 0 for _, r in roofs["bandwidth"]) and roofs["peak_flops"] > 0
+
+
+def test_an_undisturbed_recent_measurement_is_reused_by_the_next_harness(monkeypatch, tmp_path):
+    from swarmfactory.evidence.store import Store
+
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "cache"))
+    calls = []
+    spread = {"value": 1.05}
+
+    def fake(cpus, wait_s=0.0):
+        calls.append(cpus)
+        return {**ROOFS, "spread": spread["value"], "quiet": True}
+
+    monkeypatch.setattr(roofline, "measure_roofs", fake)
+    first = roofline.known_or_measured([0, 1])
+    assert len(calls) == 1 and "reused" not in first
+    again = roofline.known_or_measured([0, 1])  # this machine's cache
+    assert len(calls) == 1 and again["reused"] == "cache" and again["bandwidth"] == ROOFS["bandwidth"]
+    roofline.known_or_measured([0])  # another thread count is another roof
+    assert len(calls) == 2
+
+    store = Store(str(tmp_path / "e.db"))
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "empty"))
+    roofline.known_or_measured([0, 1], store)  # measured, and recorded in the store
+    assert len(calls) == 3
+    assert roofline.known_or_measured([0, 1], store)["reused"] == "store"
+    assert len(calls) == 3
+
+    # repeats that disagree (another process was running): measured again every time
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "noisy"))
+    spread["value"] = 2.0
+    roofline.known_or_measured([0, 1])
+    roofline.known_or_measured([0, 1])
+    assert len(calls) == 5
+    # and an old one is not reused either
+    spread["value"] = 1.05
+    roofline.known_or_measured([0, 1])
+    path = roofline._cache_path(__import__("swarmfactory.hardware", fromlist=["x"]).cpu_fingerprint()["id"], 2)
+    old = __import__("json").loads(path.read_text())
+    old["measured_at"] -= (roofline.REUSE_DAYS + 1) * 86400
+    path.write_text(__import__("json").dumps(old))
+    roofline.known_or_measured([0, 1])
+    assert len(calls) == 7
