@@ -48,13 +48,13 @@ def resident_bytes(pid: int) -> int:
 
 def default_budget(cpus: int) -> tuple[int, int]:
     """(workers, resident bytes) the pool may hold on this machine: two per measurement CPU plus
-    two (a measurement holds a baseline and the eager reference), at most eight; and a tenth of
-    the machine's memory, between 1 and 4 GiB."""
+    two (a measurement holds a baseline and the eager reference), at most eight; and a
+    sixteenth of the machine's memory, between 1 and 4 GiB (a worker is 200-450 MB)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError):
         total = 16 << 30
-    return min(8, 2 + 2 * max(1, cpus)), int(min(4 << 30, max(1 << 30, total // 10)))
+    return min(8, 2 + 2 * max(1, cpus)), int(min(4 << 30, max(1 << 30, total // 16)))
 
 
 class BaselineHandle:
