@@ -158,7 +158,7 @@ class Adversary:
         for cand in targets:
             remaining = list(cases)
             while remaining:
-                prep = harness.prepare(problem, cand["source"], remaining)
+                prep = harness.prepare(problem, cand["source"], remaining, problem.backend_of(cand))
                 rej = prep.rejected
                 if rej is None or rej.stage != "verify" or "case" not in rej.evidence:
                     break

@@ -19,6 +19,12 @@ class BuildError(Exception):
         self.log = log
 
 
+class MissingTool(BuildError):
+    """This machine lacks the backend's compiler (or Triton): nothing the candidate did. Raised
+    only after the checks that need no compiler passed; the harness ends it as `needs_device`
+    with this message, never as `build_failed`."""
+
+
 class CheatError(BuildError):
     """The candidate built, but what the compiler made of it does something a kernel must not
     (a system call, code that runs at load time...): the outcome is `cheated`."""
@@ -36,6 +42,8 @@ class Artifact:
 
 class Backend(ABC):
     name: str = ""
+    # the file name endings of this backend's sources (".cu"): how `eval` tells a file's language
+    extensions: tuple[str, ...] = ()
 
     @abstractmethod
     def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,

@@ -86,6 +86,7 @@ def _excerpt(log: str, limit: int = 1500) -> str:
 
 class CBackend(Backend):
     name = "c"
+    extensions = (".c",)
 
     def __init__(self, cc: str | None = None):
         self.cc = cc or os.environ.get("CC") or "gcc"

@@ -13,7 +13,7 @@ import os
 import re
 from functools import cache
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.backends.base import Artifact, Backend, BuildError, MissingTool
 from swarmfactory.harness.gpu_worker import parse_launch
 from swarmfactory.backends.c import cache_dir
 from swarmfactory.backends.gputools import find_nvrtc, target_arch
@@ -38,7 +38,7 @@ def nvrtc_compile(source: str, arch: str, options: tuple[str, ...] = ()) -> tupl
     """(cubin, log) for ``source``; BuildError carrying NVRTC's log when it does not compile."""
     lib = _nvrtc()
     if lib is None:
-        raise BuildError("NVRTC not found: install the CUDA toolkit or pip install nvidia-cuda-nvrtc-cu12")
+        raise MissingTool("NVRTC not found: install the CUDA toolkit or pip install nvidia-cuda-nvrtc-cu12")
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None), "create")
     try:
@@ -63,6 +63,7 @@ def nvrtc_compile(source: str, arch: str, options: tuple[str, ...] = ()) -> tupl
 
 class CUDABackend(Backend):
     name = "cuda"
+    extensions = (".cu",)
 
     @cache
     def versions(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.backends.base import Artifact, Backend, BuildError, MissingTool
 from swarmfactory.harness.gpu_worker import parse_launch
 from swarmfactory.backends.c import BUILD_TIMEOUT_S, _limit_compiler, cache_dir
 from swarmfactory.backends.gputools import find_ptxas, target_arch
@@ -29,6 +29,7 @@ def _excerpt(log: str, limit: int = 1500) -> str:
 
 class PTXBackend(Backend):
     name = "ptx"
+    extensions = (".ptx",)
 
     @cache
     def versions(self) -> dict[str, str]:
@@ -40,15 +41,15 @@ class PTXBackend(Backend):
 
     def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
               prototype: str | None = None, checks: bool = False) -> Artifact:
-        ptxas = find_ptxas()
-        if ptxas is None:
-            raise BuildError("ptxas not found: install the CUDA toolkit or pip install nvidia-cuda-nvcc-cu12")
         if not re.search(rf"\.entry\s+{re.escape(symbol)}\s*\(", source):
             raise BuildError(f"no `.visible .entry {symbol}(...)` in the PTX")
         try:
             launch = parse_launch(source)
         except ValueError as exc:
             raise BuildError(str(exc)) from None
+        ptxas = find_ptxas()
+        if ptxas is None:
+            raise MissingTool("ptxas not found: install the CUDA toolkit or pip install nvidia-cuda-nvcc-cu12")
         arch = target_arch()
         flags = tuple(flags or ("-O3",))
         key = hashlib.sha256("\0".join([source, symbol, arch, " ".join(flags), self.versions()["ptxas"]])

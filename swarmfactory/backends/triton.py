@@ -16,7 +16,7 @@ import hashlib
 import os
 from functools import cache
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError
+from swarmfactory.backends.base import Artifact, Backend, BuildError, MissingTool
 from swarmfactory.backends.c import cache_dir
 
 
@@ -68,6 +68,7 @@ def check_module(source: str, symbol: str, prototype: str | None) -> None:
 
 class TritonBackend(Backend):
     name = "triton"
+    extensions = (".py",)
 
     @cache
     def versions(self) -> dict[str, str]:
@@ -80,9 +81,9 @@ class TritonBackend(Backend):
 
     def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
               prototype: str | None = None, checks: bool = False) -> Artifact:
+        check_module(source, symbol, prototype)  # all but the `tl.X` names needs no Triton
         if self.versions()["triton"] == "missing":
-            raise BuildError("Triton is not installed here: pip install 'swarmfactory[gpu]' (or triton)")
-        check_module(source, symbol, prototype)
+            raise MissingTool("Triton is not installed here: pip install 'swarmfactory[gpu]' (or triton)")
         key = hashlib.sha256("\0".join([source, symbol, prototype or "", self.versions()["triton"]])
                              .encode()).hexdigest()[:24]
         out = cache_dir() / f"triton-{key}.py"

@@ -28,7 +28,7 @@ from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool
 from swarmfactory.harness.candidate import CandidateProcess
 from swarmfactory.harness.outcome import Outcome, Rejected, Verdict
-from swarmfactory.harness.roofline import measure_roofs, remeasure
+from swarmfactory.harness.roofline import known_or_measured, remeasure
 from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
 from swarmfactory.harness.static import check_source
@@ -85,6 +85,7 @@ class Prepared:
     rejected: Rejected | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    backend: str = ""  # what the source is written in: one of problem.backends ("" = problem.backend)
 
 
 class Harness:
@@ -101,12 +102,17 @@ class Harness:
         self.measure_lock = threading.Lock()
 
     # -- stages ---------------------------------------------------------------------------------
-    def prepare(self, problem: Problem, source: str, cases: list[Case] | None = None) -> Prepared:
-        """Static checks, build, verification. Thread-safe."""
+    def prepare(self, problem: Problem, source: str, cases: list[Case] | None = None,
+                backend: str | None = None) -> Prepared:
+        """Static checks, build, verification. Thread-safe. ``backend``: what ``source`` is
+        written in, one of ``problem.backends`` (default ``problem.backend``)."""
+        backend = backend or problem.backend
+        if backend not in problem.backends:
+            raise ValueError(f"{problem.name} takes {', '.join(problem.backends)} candidates, not {backend}")
         if problem.backend != "c":  # Triton, CUDA, PTX: harness/gpu.py
             from swarmfactory.harness import gpu
 
-            return gpu.prepare(self, problem, source, cases)
+            return gpu.prepare(self, problem, source, cases, backend)
         t0 = time.monotonic()
         prep = Prepared(problem, source)
         cases = cases if cases is not None else problem.seed_cases()
@@ -155,8 +161,8 @@ class Harness:
         return verdict
 
     def evaluate(self, problem: Problem, source: str, cases: list[Case] | None = None,
-                 measure: bool = True) -> Verdict:
-        prep = self.prepare(problem, source, cases)
+                 measure: bool = True, backend: str | None = None) -> Verdict:
+        prep = self.prepare(problem, source, cases, backend)
         if prep.rejected is not None:
             return self.rejected_verdict(prep)
         if not measure:
@@ -231,12 +237,10 @@ class Harness:
         return self._choices[key]
 
     def roofs(self) -> dict:
-        """Measured once per harness (a few seconds; the machine's state today) and recorded."""
+        """Reused from the store or this machine's cache where a recent, undisturbed record is
+        there, else measured (half a minute) and recorded (roofline.known_or_measured)."""
         if self._roofs is None:
-            cpus = self.config.cpus("measure")
-            self._roofs = measure_roofs(cpus)
-            if self.store:
-                self.store.put_roofs(len(cpus), self._roofs)
+            self._roofs = known_or_measured(self.config.cpus("measure"), self.store)
         return self._roofs
 
     @contextlib.contextmanager

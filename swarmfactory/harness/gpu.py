@@ -11,10 +11,14 @@ Same rules as for C (MEASURING.md), with a Python worker instead of the C driver
 * outputs and the inputs as the kernel left them come back as bytes and are compared here
   against the float64 reference (verify.compare: the same tolerances and trivial-answer checks as
   for C); an input changed is `cheated`; the first case of each shape runs twice (determinism);
+* a GPU problem's candidate may be Triton, CUDA C++ or PTX (``Problem.backends``; the caller
+  says which, default ``problem.backend``);
 * without a GPU, Triton kernels run under ``TRITON_INTERPRET=1`` on the problem's small
   ``interpret_shapes`` and the verdict is `verified` (not timed: never `faster`);
   cuda/ptx candidates are built for real (ptxas, NVRTC) and end as `needs_device`; on a GPU their
-  cubin is loaded and launched through the driver API with the geometry the source declares.
+  cubin is loaded and launched through the driver API with the geometry the source declares;
+  where the backend's tool (Triton, NVRTC, ptxas) is missing, a candidate that passes the checks
+  that run without it is `needs_device` too, the detail naming the tool (never `build_failed`).
 
 On a GPU, ``measure`` runs the timing protocol of docs/gpu.md (gputimer.py).
 """
@@ -37,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from swarmfactory import lifecycle
 from swarmfactory.backends import BuildError, get_backend
-from swarmfactory.backends.base import CheatError
+from swarmfactory.backends.base import CheatError, MissingTool
 from swarmfactory.harness.outcome import Outcome, Rejected, Verdict
 from swarmfactory.harness.pystatic import check_python
 from swarmfactory.harness.sandbox import _limits, worker_env
@@ -95,6 +100,7 @@ class GpuWorker:
             [sys.executable, "-I", str(WORKER), str(to_r), str(from_w)], pass_fds=(to_r, from_w),
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, cwd=self.tmp, env=env,
             start_new_session=True, preexec_fn=_limits(mem, 3600, True, 64 << 20))
+        lifecycle.adopt(self.proc.pid, "gpu worker")
         os.close(to_r)
         os.close(from_w)
         with _LIVE_LOCK:
@@ -175,6 +181,8 @@ class GpuWorker:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self.proc.returncode is not None:
+            lifecycle.release(self.proc.pid)
 
     def close(self) -> None:
         self.kill()
@@ -311,33 +319,39 @@ def verify(problem: Problem, artifact, cases: list[Case], interpret: bool,
     return len(cases)
 
 
-def prepare(harness, problem: Problem, source: str, cases: list[Case] | None):
-    """The GPU counterpart of Harness.prepare (same Prepared, same rejections)."""
+def prepare(harness, problem: Problem, source: str, cases: list[Case] | None, backend: str | None = None):
+    """The GPU counterpart of Harness.prepare (same Prepared, same rejections); ``backend``: what
+    ``source`` is written in (triton, cuda or ptx; default ``problem.backend``)."""
     from swarmfactory.harness.evaluate import Prepared
 
     t0 = time.monotonic()
-    prep = Prepared(problem, source)
+    lang = backend or problem.backend
+    prep = Prepared(problem, source, backend=lang)
     cases = cases if cases is not None else problem.seed_cases()
     try:
         if not source.strip():
             raise Rejected(Outcome.BUILD_FAILED, "the source file is empty", "build")
-        backend = get_backend(problem.backend)
-        if problem.backend == "triton" and harness.config.static_checks:
+        if lang == "triton" and harness.config.static_checks:
             reason = check_python(source)
             if reason:
                 raise Rejected(Outcome.CHEATED, f"static check: {reason}", "static")
-        prototype = problem.py_signature if problem.backend == "triton" else None
+        prototype = problem.py_signature if lang == "triton" else None
+        device = cuda_available()
         try:
-            prep.artifact = backend.build(source, problem.name, prototype=prototype)
+            prep.artifact = get_backend(lang).build(source, problem.name, prototype=prototype)
         except CheatError as exc:
             raise Rejected(Outcome.CHEATED, f"static check: {exc}", "static") from None
+        except MissingTool as exc:  # not the candidate's doing: the checks without the tool passed
+            raise Rejected(Outcome.NEEDS_DEVICE, f"not built ({lang}): {exc}; the checks that run without "
+                           f"it passed{'' if device else '; no NVIDIA GPU here either'}", "build",
+                           **{"gpu tools": gpu_tools(lang)}) from None
         except BuildError as exc:
             raise Rejected(Outcome.BUILD_FAILED, str(exc), "build", log=exc.log[-4000:]) from None
-        device = cuda_available()
-        if problem.backend != "triton" and not device:
+        if lang != "triton" and not device:
             arch = prep.artifact.info.get("arch", "?")
-            raise Rejected(Outcome.NEEDS_DEVICE, f"built for {arch} ({problem.backend}); verification "
-                           "and timing need a device: no NVIDIA GPU here", "verify")
+            raise Rejected(Outcome.NEEDS_DEVICE, f"built for {arch} ({lang}); verification "
+                           "and timing need a device: no NVIDIA GPU here", "verify",
+                           **{"gpu tools": gpu_tools(lang)})
         interpret = not device
         if interpret:
             cases, dropped = interpret_cases(problem, cases)
@@ -363,7 +377,7 @@ def measure(harness, prep) -> Verdict:
                   "timing needs an NVIDIA GPU")
         verdict = Verdict(Outcome.VERIFIED, detail, "measure", cases_checked=prep.cases_checked,
                           evidence={"isolation": prep.extra.get("isolation"), **({"interpreter": info} if info else {})})
-        verdict.evidence["gpu tools"] = gpu_tools(prep.problem.backend)
+        verdict.evidence["gpu tools"] = gpu_tools(prep.backend or prep.problem.backend)
     else:
         from swarmfactory.harness.gputimer import measure_candidate
 
@@ -373,7 +387,7 @@ def measure(harness, prep) -> Verdict:
             except Rejected as rej:
                 verdict = Verdict(rej.outcome, rej.detail, rej.stage, evidence=rej.evidence)
         verdict.cases_checked = prep.cases_checked
-        verdict.evidence["gpu tools"] = gpu_tools(prep.problem.backend)
+        verdict.evidence["gpu tools"] = gpu_tools(prep.backend or prep.problem.backend)
     verdict.seconds = prep.seconds + time.monotonic() - t0
     return verdict
 

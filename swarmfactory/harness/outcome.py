@@ -15,7 +15,9 @@ class Outcome(str, Enum):
     NOT_FASTER = "not_faster"
     FASTER = "faster"
     VERIFIED = "verified"   # passed verification and was never measured: no speed claim either way
-    NEEDS_DEVICE = "needs_device"   # built (CUDA, PTX); verifying and timing it need a GPU this machine lacks
+    # built (CUDA, PTX), verifying and timing it need a GPU this machine lacks; or not built for
+    # want of the backend's tool (Triton, NVRTC, ptxas), after the checks that run without it
+    NEEDS_DEVICE = "needs_device"
     # passed verification, but the machine stayed too busy to time it (other work took the CPUs
     # it was measured on, swarmfactory/contention.py): no speed claim either way, never a
     # champion or a lesson; measured again later

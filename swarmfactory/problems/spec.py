@@ -16,9 +16,10 @@ harness needs is declared here, so adding an op is adding one file. Contract:
   the order of the ``out`` args.
 * ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel.
 * ``backend`` other than ``"c"`` (``triton``, ``cuda``, ``ptx``): the same args reach the kernel
-  as torch tensors on the device and Python scalars (docs/gpu.md); a Triton template renders
-  ``{{ signature }}`` as the launcher's ``def`` line; ``interpret_shapes`` are the small shapes
-  verified under Triton's interpreter where there is no GPU.
+  as torch tensors on the device and Python scalars (docs/gpu.md), so a candidate may be written
+  in any of the three (``backends``; ``backend`` is what the template and the agents write); a
+  Triton template renders ``{{ signature }}`` as the launcher's ``def`` line; ``interpret_shapes``
+  are the small shapes verified under Triton's interpreter where there is no GPU.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ MODEL_CASES_PER_DRAW = 1  # full-size model shapes added to each evaluation (Pro
 
 NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int64": np.int64}
 C_TYPES = {"float32": "float", "uint8": "uint8_t", "int8": "int8_t", "int64": "int64_t"}
+GPU_BACKENDS = ("triton", "cuda", "ptx")  # one ABI: Problem.backends
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,21 @@ class Problem:
     # combinations, drawn one per evaluation (``model_cases``), so a run covers them over time.
     model_shapes: tuple[Mapping[str, int], ...] = ()
     model_draws: tuple[tuple[str, Mapping[str, int]], ...] = ()
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """What a candidate may be written in, ``backend`` (what the agents write) first. The GPU
+        ABI is one for Triton, CUDA C++ and PTX (the args in order: tensors on the device, ints,
+        floats; docs/gpu.md), so a GPU problem takes all three; a C problem takes C."""
+        if self.backend in GPU_BACKENDS:
+            return (self.backend, *(b for b in GPU_BACKENDS if b != self.backend))
+        return (self.backend,)
+
+    def backend_of(self, candidate: Mapping[str, Any]) -> str:
+        """What a recorded candidate (a store row) is written in: its ``backend`` where this problem
+        takes it (CUDA or PTX for a Triton problem, from `eval`), else ``backend``."""
+        backend = candidate.get("backend")
+        return backend if backend in self.backends else self.backend
 
     @property
     def c_signature(self) -> str:

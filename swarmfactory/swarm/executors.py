@@ -25,8 +25,9 @@ class Executor(ABC):
     hardware: dict | None = None
 
     @abstractmethod
-    def submit(self, problem: Problem, source: str, cases: list[Case]) -> Future:
-        """Evaluate ``source``; the future's result is a ``Verdict`` (never an exception for
+    def submit(self, problem: Problem, source: str, cases: list[Case], backend: str | None = None) -> Future:
+        """Evaluate ``source`` (written in ``backend``, one of ``problem.backends``; default
+        ``problem.backend``); the future's result is a ``Verdict`` (never an exception for
         anything the candidate did)."""
 
     @abstractmethod
@@ -39,14 +40,14 @@ class LocalExecutor(Executor):
         self.harness = harness
         self.pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="sf-eval")
 
-    def _run(self, problem: Problem, source: str, cases: list[Case]) -> Verdict:
-        prep = self.harness.prepare(problem, source, cases)
+    def _run(self, problem: Problem, source: str, cases: list[Case], backend: str | None = None) -> Verdict:
+        prep = self.harness.prepare(problem, source, cases, backend)
         if prep.rejected is not None:
             return self.harness.rejected_verdict(prep)
         return self.harness.measure(prep)
 
-    def submit(self, problem: Problem, source: str, cases: list[Case]) -> Future:
-        return self.pool.submit(self._run, problem, source, cases)
+    def submit(self, problem: Problem, source: str, cases: list[Case], backend: str | None = None) -> Future:
+        return self.pool.submit(self._run, problem, source, cases, backend)
 
     def shutdown(self, wait: bool = True) -> None:
         if not wait:

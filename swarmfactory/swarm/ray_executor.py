@@ -138,15 +138,15 @@ class RayExecutor(Executor):
             return node
 
     # -- evaluations ------------------------------------------------------------------------------------
-    def submit(self, problem: Problem, source: str, cases: list[Case]) -> Future:
-        return self.pool.submit(self._evaluate, problem, source, cases)
+    def submit(self, problem: Problem, source: str, cases: list[Case], backend: str | None = None) -> Future:
+        return self.pool.submit(self._evaluate, problem, source, cases, backend)
 
-    def _run_on(self, node: str, problem: Problem, source: str, cases: list[Case]) -> Verdict:
+    def _run_on(self, node: str, problem: Problem, source: str, cases: list[Case], backend: str | None) -> Verdict:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         where = NodeAffinitySchedulingStrategy(node, soft=False)
         ref = self._prepare.options(scheduling_strategy=where).remote(self.config, self.store_url, problem,
-                                                                      source, cases)
+                                                                      source, cases, backend)
         prep = self._get(ref)
         if isinstance(prep, Verdict):  # rejected before measuring
             return prep
@@ -161,13 +161,13 @@ class RayExecutor(Executor):
             with self._lock:
                 self._refs.discard(ref)
 
-    def _evaluate(self, problem: Problem, source: str, cases: list[Case]) -> Verdict:
+    def _evaluate(self, problem: Problem, source: str, cases: list[Case], backend: str | None = None) -> Verdict:
         deaths: list[str] = []
         node = None
         for _ in range(2):
             node = self._pick(avoid=node)
             try:
-                verdict = self._run_on(node, problem, source, cases)
+                verdict = self._run_on(node, problem, source, cases, backend)
             except _death_errors(self.ray) as exc:
                 deaths.append(f"{type(exc).__name__} on node {node[:12]}")
                 continue
@@ -248,10 +248,11 @@ def _probe_task() -> dict:
     return {"hardware": cpu_fingerprint(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _prepare_task(config: HarnessConfig, store_url: str | None, problem: Problem, source: str, cases):
+def _prepare_task(config: HarnessConfig, store_url: str | None, problem: Problem, source: str, cases,
+                  backend: str | None = None):
     """Build and verify; a rejected candidate's verdict, or what ``measure`` needs."""
     harness = _worker_harness(config, store_url)
-    prep = harness.prepare(problem, source, cases)
+    prep = harness.prepare(problem, source, cases, backend)
     if prep.rejected is not None:
         return harness.rejected_verdict(prep)
     return prep

@@ -237,7 +237,7 @@ def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: 
     rows, first_pass = [], None
     for cid, speedup in order:
         cand = store.candidate(cid)
-        prep = harness.prepare(problem, cand["source"], cases)
+        prep = harness.prepare(problem, cand["source"], cases, problem.backend_of(cand))
         row = {"candidate_id": cid, "agent": cand["agent"], "speedup": speedup,
                "passes": prep.rejected is None, "outcome": None, "detail": None, "evaluation_id": None}
         if prep.rejected is not None:
