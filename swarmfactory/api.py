@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from swarmfactory.agents.base import candidate_record
-from swarmfactory.evidence.store import Store
+from swarmfactory.evidence.store import Store, StoreWriteError
 from swarmfactory.problems import Problem, load_problem
 from swarmfactory.swarm.succession import contend
 from swarmfactory.validation import drawn_evidence, validation_set
@@ -17,27 +17,43 @@ if TYPE_CHECKING:  # the harness loads only where a kernel is built and measured
 
 
 def evaluate(problem: str | Problem, source: str, store: str | Store | None = None,
-             config: HarnessConfig | None = None, draw: int | None = None) -> dict[str, Any]:
+             config: HarnessConfig | None = None, draw: int | None = None,
+             backend: str | None = None) -> dict[str, Any]:
     """Verify and measure one kernel; record it; it competes for the title (``champion_change``
     says what it did to it); return the verdict with its ids. ``draw``: also verify that draw of
     the full-size model cases (``Problem.model_cases``; the evidence says which); without it, the
-    validation set alone (its fixed sample of model shapes included)."""
+    validation set alone (its fixed sample of model shapes included). ``backend``: what
+    ``source`` is written in, one of ``problem.backends`` (default ``problem.backend``; a GPU
+    problem takes triton, cuda and ptx). ValueError, with nothing recorded, for an empty source
+    or a backend the problem does not take. ``StoreWriteError`` when the store did not take the
+    verdict (kept in its journal; the verdict as the exception's ``result``)."""
     from swarmfactory.harness.evaluate import Harness
 
     problem = load_problem(problem) if isinstance(problem, str) else problem
+    backend = backend or problem.backend
+    if backend not in problem.backends:
+        raise ValueError(f"{problem.name} takes {', '.join(problem.backends)} sources, not {backend}")
+    if not source.strip():
+        raise ValueError("empty source")
     store = store if isinstance(store, Store) else Store(store)
     harness = Harness(config, store=store)
     try:
         cases, vversion = validation_set(problem, store, draw)
-        verdict = harness.evaluate(problem, source, cases)
+        verdict = harness.evaluate(problem, source, cases, backend=backend)
         if draw is not None:
             verdict.evidence["model_draw"] = drawn_evidence(draw, cases)
-        cand = candidate_record(problem, source, agent="user", operator="eval", backend=problem.backend)
-        eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
-        # it competes for the title like any run's verdict (a demoted champion's successors are
-        # re-measured on the validation set alone)
-        base = cases if draw is None else validation_set(problem, store)[0]
-        decision = contend(store, problem, eval_id, None, _remeasurer(harness, problem, store, base, vversion))
+        cand = candidate_record(problem, source, agent="user", operator="eval", backend=backend)
+        eval_id = None
+        try:
+            eval_id = store.record_verdict(problem, cand, verdict, None, vversion, purpose="eval")
+            # it competes for the title like any run's verdict (a demoted champion's successors are
+            # re-measured on the validation set alone)
+            base = cases if draw is None else validation_set(problem, store)[0]
+            decision = contend(store, problem, eval_id, None, _remeasurer(harness, problem, store, base, vversion))
+        except StoreWriteError as exc:  # kept in the store's journal; the caller may still show it
+            exc.result = {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
+                          "problem": problem.name, "validation_version": vversion, "champion_change": None}
+            raise
     finally:
         harness.close()
     return {**verdict.to_dict(), "candidate_id": cand["id"], "evaluation_id": eval_id,
@@ -47,7 +63,7 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
 def _remeasurer(harness, problem: Problem, store: Store, cases, vversion: str):
     """Succession's fresh re-measure (``swarm/succession.py``) on this machine's harness."""
     def remeasure(cand: dict) -> int:
-        verdict = harness.evaluate(problem, cand["source"], cases)
+        verdict = harness.evaluate(problem, cand["source"], cases, backend=problem.backend_of(cand))
         return store.record_verdict(problem, cand, verdict, None, vversion, "remeasure")
     return remeasure
 

@@ -133,16 +133,22 @@ def _fmt(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
-def _open_store(store: Optional[str], create: bool):
-    """Reading commands open an existing store only; ``run`` and ``eval`` may create the file."""
+def _open_store(store: Optional[str], create: bool, write: bool = False):
+    """Reading commands open an existing store only; ``run`` and ``eval`` may create the file.
+    A store opened to be written (``create`` or ``write``) must take a write now, before any
+    work: else one line, exit 2."""
     from swarmfactory.evidence.store import Store
 
-    return Store(store, create=create)
+    return Store(store, create=create, write=create or write)
 
 
 def _announce(st) -> None:
     if st.created:
-        err.print(f"new evidence store: {st.url}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"new evidence store: {st.shown}", markup=False, highlight=False, soft_wrap=True)
+    written, skipped = st.replayed
+    if written or skipped:
+        err.print(f"wrote {written} record(s) kept from an earlier failed write into {st.shown}"
+                  + (f" ({skipped} already there)" if skipped else ""), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_table(t, wide: bool = False) -> None:
@@ -189,9 +195,13 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
 
 @app.command("eval")
 def eval_cmd(
-    source: Path = typer.Argument(..., metavar="KERNEL", help="the kernel's source file: C, or for a GPU problem Triton (.py), CUDA C++ or PTX"),
+    source: Path = typer.Argument(..., metavar="KERNEL", help="the kernel's source file: C (.c), or for a GPU problem "
+                                                               "Triton (.py), CUDA C++ (.cu) or PTX (.ptx)"),
     problem: str = typer.Option(..., "--problem", "-p", metavar="NAME|PATH",
                                 help="problem name or path to a problem .py"),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME",
+                                          help="what KERNEL is written in: c, triton, cuda or ptx"
+                                               + _dflt("by its extension")),
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     rounds: int = typer.Option(20, metavar="N", help="interleaved timing rounds per shape (>= 3)"),
@@ -199,7 +209,17 @@ def eval_cmd(
     compile_baselines: bool = typer.Option(True, help="also time torch.compile'd baselines"),
     debug: bool = _debug_option(),
 ):
-    """Verify and measure one kernel against the problem's baseline; record the verdict."""
+    """Verify and measure one kernel against the problem's baseline; record the verdict.
+
+    A GPU problem takes any of three languages, the backend chosen by the file's
+    extension or --backend; each gets the problem's args in order:
+      .py   Triton: a module with a launcher `def <problem>(<args>)`
+      .cu   CUDA C++: `extern "C" __global__ void <problem>(...)`
+      .ptx  PTX: `.visible .entry <problem>(...)`
+    CUDA and PTX take device pointers, int64 ints and fp32 floats, and declare
+    their launch in a comment line (int args, + - * // %, cdiv, min, max):
+      // launch: grid=(cdiv(rows * cols, 256), 1, 1) block=(256, 1, 1) shared=0
+    Without a GPU: CUDA, PTX are needs_device; Triton runs in its interpreter."""
     if not source.is_file():
         fail(f"kernel file not found: {source}")
     if rounds < 3:
@@ -211,16 +231,65 @@ def eval_cmd(
     from swarmfactory.problems import load_problem
 
     prob = load_problem(problem)
+    lang, text = _kernel_source(source, prob, backend)
     st = _open_store(store, create=True)
     _announce(st)
-    text = source.read_text(errors="replace")
-    with err.status(f"evaluating {source.name} on {prob.name} (build, verify, measure)..."):
-        res = evaluate(prob, text, st, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines,
-                                                          objective=objective))
+    from swarmfactory.evidence.store import StoreWriteError
+
+    try:
+        with err.status(f"evaluating {source.name} on {prob.name} (build, verify, measure)..."):
+            res = evaluate(prob, text, st, HarnessConfig(rounds=rounds, compile_baselines=compile_baselines,
+                                                              objective=objective), backend=lang)
+    except StoreWriteError as exc:  # the verdict is in the store's journal: show it, then say so
+        if exc.result is not None:
+            _show_verdict(exc.result, as_json)
+        raise
+    _show_verdict(res, as_json)
+
+
+def _show_verdict(res: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(res, default=str))
         return
     _print_verdict(res)
+
+
+def _kernel_source(path: Path, prob, backend: Optional[str]) -> tuple[str, str]:
+    """(backend, text) of a kernel file for ``prob``, or a usage error before anything is
+    recorded: a file none of the problem's backends takes, or an empty one."""
+    from swarmfactory.backends import source_backend
+
+    try:
+        lang = source_backend(prob, str(path), backend)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+    if not text.strip():
+        fail(f"{path}: empty source" + (" (whitespace only)" if text else ""))
+    return lang, text
+
+
+# run's options that a resumed run takes from its record (only its limits may change)
+_RECORDED = {"problems": "--problems", "agents": "--agents", "parallel": "--parallel", "rounds": "--rounds",
+             "objective": "--objective", "compile_baselines": "--compile-baselines", "seed": "--seed",
+             "llm": "--llm", "llm_model": "--llm-model", "llm_cost_cap": "--llm-cost-cap",
+             "llm_concurrency": "--llm-concurrency", "llm_timeout_s": "--llm-timeout",
+             "llm_max_tokens": "--llm-max-tokens", "executor": "--executor", "ray_address": "--ray-address",
+             "ray_hardware": "--ray-hardware", "lease_s": "--lease"}
+
+
+def _only_limits_with_resume(resume: str, overrides: dict, config: Optional[Path]) -> None:
+    """--resume continues a run as it was recorded; --budget and --time may replace its limits, any
+    other option would be ignored: say so rather than ignore it."""
+    given = [flag for key, flag in _RECORDED.items() if overrides.get(key) is not None]
+    if config:
+        given.insert(0, "--config")
+    if given:
+        fail(f"--resume {resume} continues the run with its recorded configuration; only --budget and --time may "
+             f"change: drop {', '.join(given)}")
 
 
 def _print_verdict(res: dict) -> None:
@@ -229,7 +298,7 @@ def _print_verdict(res: dict) -> None:
     color = {"faster": "green", "not_faster": "yellow", "verified": "yellow",
              "needs_device": "yellow", "inconclusive": "yellow"}.get(res["outcome"], "red")
     out.print(f"[bold {color}]{res['outcome']}[/]  {res['problem']}  candidate {res['candidate_id']}  "
-              f"evaluation {res['evaluation_id']}")
+              + (f"evaluation {res['evaluation_id']}" if res["evaluation_id"] is not None else "not recorded yet"))
     out.print(res["detail"], markup=False)
     if res.get("shapes"):
         t = compact_table()
@@ -340,14 +409,22 @@ def run_cmd(
             cfg = RunConfig.build(**{k: v for k, v in overrides.items() if v is not None})
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
-    if not resume and cfg.budget is None and cfg.time_s is None:
+    if resume:
+        _only_limits_with_resume(resume, overrides, config)
+    elif cfg.budget is None and cfg.time_s is None:
         fail("give a budget: --budget N evaluations and/or --time 10m")
+    else:
+        from swarmfactory.problems import resolve_problems
+
+        resolve_problems(",".join(cfg.problems))  # an unknown problem: one line before the store is touched
     from swarmfactory.api import prepare_run
+    from swarmfactory.evidence.store import StoreWriteError
+    from swarmfactory.redact import redact
     from swarmfactory.swarm.coordinator import RunError
     from swarmfactory.swarm.summary import summarize
     from swarmfactory.ui import RichProgress
 
-    st = _open_store(store, create=not resume)
+    st = _open_store(store, create=not resume, write=True)
     try:
         coord = prepare_run(store=st, config=cfg, resume=resume, progress=None if as_json else RichProgress(err))
     except BaseException as exc:
@@ -356,9 +433,13 @@ def run_cmd(
             fail(str(exc))
         raise
     _announce(st)
-    store_flag = f" --store {shlex.quote(store)}" if store else ""
+    store_flag = f" --store {shlex.quote(redact(store))}" if store else ""
     try:
         run_id = coord.run()
+    except (RunError, StoreWriteError) as exc:  # every agent stopped; a store that took no more writes
+        why = st.write_failure() if isinstance(exc, StoreWriteError) else str(exc)
+        fail(f"{why}; run {coord.run_id} is saved: resume it with: swarmfactory run --resume {coord.run_id}{store_flag}"
+             if coord.run_id else why)
     except KeyboardInterrupt:
         if coord.run_id is None:
             err.print("interrupted before the run started", highlight=False)
@@ -375,7 +456,7 @@ def run_cmd(
     if any(p["outcomes"].get("verified") for p in summary["problems"]):
         out.print("verified, not measured: GPU problems verified under Triton's interpreter (small shapes); timing, "
                   "and so champions, need an NVIDIA GPU (docs/gpu.md)", markup=False, soft_wrap=True)
-    out.print(f"store: {st.url}   show again: swarmfactory show {run_id}{store_flag}", markup=False,
+    out.print(f"store: {st.shown}   show again: swarmfactory show {run_id}{store_flag}", markup=False,
               soft_wrap=True)
 
 
@@ -398,8 +479,10 @@ def show_cmd(
         return
     _print_summary(summary, wide)
     if summary["status"] == "interrupted":
+        from swarmfactory.redact import redact
+
         out.print(f"resume it with: swarmfactory run --resume {summary['run_id']}"
-                  + (f" --store {shlex.quote(store)}" if store else ""), markup=False, soft_wrap=True)
+                  + (f" --store {shlex.quote(redact(store))}" if store else ""), markup=False, soft_wrap=True)
 
 
 def _print_summary(summary: dict, wide: bool = False) -> None:
@@ -426,11 +509,17 @@ def report_cmd(
         fail(f"--output {output} is a folder: give a file name, e.g. {output / 'report.html'}")
     if not output.parent.is_dir():
         fail(f"--output folder {output.parent} does not exist: create it or choose another path")
-    from swarmfactory.report.html import write_report
+    if not os.access(output if output.exists() else output.parent, os.W_OK):
+        fail(f"cannot write the report to {output}: {'it' if output.exists() else 'its folder'} is not writable: "
+             "choose another -o")
+    from swarmfactory.report.html import ReportWriteError, write_report
 
     st = _open_store(store, create=False)
-    with st.consistent():  # one snapshot while runs write
-        path = write_report(st, run_id, output)
+    try:
+        with st.consistent():  # one snapshot while runs write
+            path = write_report(st, run_id, output)
+    except ReportWriteError as exc:
+        fail(str(exc))
     out.print(f"wrote {path}", markup=False)
 
 
@@ -508,7 +597,8 @@ def verify_cmd(
     from swarmfactory.problems import load_problem
 
     prob = load_problem(problem)
-    st = _open_store(store, create=False)
+    st = _open_store(store, create=False, write=True)  # failures and title changes are recorded
+    _announce(st)
     from swarmfactory.api import reverify_retained
 
     with err.status(f"re-verifying retained {prob.name} candidates..."):
@@ -539,16 +629,18 @@ def lessons_cmd(
 ):
     """What the evidence taught: knob lessons with effect, 95% CI and support (active by default)."""
     st = _open_store(store, create=False)
+    if problem is not None:
+        problem = _known_problem(problem, st)
     rows = st.current_lessons(problem, include_retired=show_all)
     if as_json:
-        print(json.dumps({"store": st.url, "lessons": [_lesson_json(r) for r in rows]}, default=str))
+        print(json.dumps({"store": st.shown, "lessons": [_lesson_json(r) for r in rows]}, default=str))
         return
     if not rows:
         others = sorted({r["problem"] for r in st.current_lessons(include_retired=show_all) if r["problem"]})
         what = f"{'' if show_all else 'active '}lessons" + (f" for {problem}" if problem else "")
         hint = (f" (there are some for: {', '.join(others)})" if problem and others else
                 "; the analyst writes them during `swarmfactory run`")
-        out.print(f"no {what} in {st.url}{hint}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"no {what} in {st.shown}{hint}", markup=False, highlight=False, soft_wrap=True)
         return
     from swarmfactory.ui import compact_table, speedup_ci
 
@@ -592,6 +684,24 @@ def lessons_cmd(
               highlight=False)
 
 
+def _known_problem(name: str, st) -> str:
+    """The name of a bundled problem (or a problem file's), or of a problem the store holds evidence
+    of; anything else is a usage error naming the known ones."""
+    from swarmfactory.problems import ProblemError, list_problems, load_problem
+
+    in_store = sorted(set(st.evaluated_problems()) | {r["problem"] for r in st.current_lessons(include_retired=True)
+                                                      if r["problem"]})
+    if name in in_store:
+        return name
+    try:
+        return load_problem(name).name
+    except ProblemError as exc:
+        if "unknown problem" not in str(exc):
+            raise
+    known = list_problems(gpu=True) + [n for n in in_store if n not in list_problems(gpu=True)]
+    fail(f"unknown problem {name!r}; known: {', '.join(known)} (or pass a .py path)")
+
+
 def _hardware_text(hw: dict) -> str:
     return f"{hw.get('model', '?')} {hw.get('isa', '')}".strip() + (f" (masked {hw['mask']})" if hw.get("mask") else "")
 
@@ -627,10 +737,22 @@ def _user_errors() -> tuple:
     return (UsageError, *(getattr(sys.modules[m], n) for m, n in names.items() if m in sys.modules))
 
 
+def _say(text: str) -> None:
+    """An error line on stderr: its first line (an exception's text may go on to quote a whole SQL
+    statement), without passwords."""
+    from swarmfactory.redact import redact
+
+    lines = redact(text).strip().splitlines()
+    err.print(lines[0] if lines else text, markup=False, highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """The ``swarmfactory`` entry point: 0 on success, 2 for bad input, 130 on Ctrl-C."""
+    from swarmfactory.redact import install_log_redaction, redact
+
     args = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in args or bool(os.environ.get("SWARMFACTORY_DEBUG"))
+    install_log_redaction()  # warnings of any module: on stderr, without passwords
     try:
         rc = _command().main(args=args, prog_name="swarmfactory", standalone_mode=False)
     except _ClickException as exc:  # usage errors: bad option, missing argument, bad value
@@ -638,7 +760,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)  # the help was printed
         ctx = getattr(exc, "ctx", None)
         hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-        err.print(f"error: {exc.format_message()}{hint}", markup=False, highlight=False, soft_wrap=True)
+        _say(f"error: {exc.format_message()}{hint}")
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted", highlight=False)
@@ -648,12 +770,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except Exception as exc:
         if isinstance(exc, _user_errors()) and not debug:
-            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            _say(f"error: {exc}")
             sys.exit(2)
         if debug:
-            raise
-        err.print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", markup=False,
-                  highlight=False, soft_wrap=True)
+            import traceback
+
+            sys.stderr.write(redact(traceback.format_exc()))
+            sys.exit(1)
+        inner = getattr(exc, "orig", None) or exc  # a driver's error: its own words, not SQLAlchemy's wrapper
+        first = (str(inner).strip().splitlines() or [""])[0]
+        _say(f"error: {type(inner).__name__}: {first} (run with --debug for the traceback)")
         sys.exit(1)
     # With standalone_mode=False, click returns an Exit's code (typer.Exit(2) from a command,
     # 130 for a Ctrl-C it caught) instead of exiting: pass it on.

@@ -131,9 +131,14 @@ class Agent(ABC):
     """A proposer of kernels. The coordinator calls ``bind`` once before the first proposal,
     ``propose`` between evaluations, ``busy`` when nobody had anything new (a busy agent keeps the
     run alive while it thinks) and ``close`` once at the end. Only ``propose`` is required; the
-    others are no-ops unless an agent has work in the background (the LLM agent)."""
+    others are no-ops unless an agent has work in the background (the LLM agent).
+
+    ``stopped``: None while the agent works; once it has stopped for good (an LLM agent whose
+    endpoint keeps failing), one line saying which agent and why. The run goes on without it, and
+    ends (exit 2) when every agent has stopped."""
 
     name: str = "agent"
+    stopped: str | None = None
 
     @abstractmethod
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:

@@ -5,6 +5,10 @@ background (``concurrency`` at a time) so the swarm never waits on a model: ``pr
 back whatever answers have arrived and starts new calls. Every call is recorded (tokens, cost,
 seconds, status and, when the answer could not be used, the raw text). A candidate of this agent
 that failed to build or verify is sent back once with its error (the repair loop).
+
+An agent whose endpoint fails ``MAX_FAILURES`` calls in a row (refused connections, timeouts,
+server or client errors) stops for good: ``stopped`` says why, naming the endpoint, and a call
+row with status ``stopped`` records it, so the run's summary says so.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ from swarmfactory.agents.edits import EditError, extract_source
 from swarmfactory.evidence.store import content_hash
 from swarmfactory.hardware import cpu_fingerprint
 from swarmfactory.llm.client import ChatClient, CostCapReached, LLMError
+from swarmfactory.redact import redact
 
 PROMPTS = Path(__file__).with_name("prompts")
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(PROMPTS)), undefined=jinja2.StrictUndefined,
                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 REPAIRABLE = ("build_failed", "wrong")
-MAX_FATAL = 3          # consecutive unrecoverable errors (HTTP 4xx, config) before the agent stops
+MAX_FAILURES = 3       # consecutive failed calls of any kind (refused, timed out, HTTP errors) before the agent stops
+MAX_FATAL = MAX_FAILURES  # the engine factory's designer: unrecoverable errors in a row before it stops
 BACKOFF_CAP_S = 30.0   # pause after consecutive failed calls grows up to this
+UNREACHABLE_PAUSE_S = 0.1   # ... but after a refused connection, this per failure: nothing is listening
 
 
 def _us(x) -> str | None:
@@ -59,12 +66,14 @@ class LLMAgent(Agent):
         self.pending: list[Future] = []
         self.repaired: set[str] = set()      # failed candidates already sent back once
         self.repairs: set[str] = set()       # candidates that are themselves repairs
-        self.capped = False                  # stopped: cost cap or repeated fatal errors
+        self.capped = False                  # no more calls: cost cap, or stopped
         self.compact = False                 # the endpoint's context is small: shorter prompts
         self.context_tokens: int | None = None
         self.chars_per_token = 3.0
         self.failures = 0                    # consecutive failed calls
-        self.fatal = 0                       # consecutive unrecoverable ones
+        self.last_kind: str | None = None    # how the last failed call failed
+        self.stopped: str | None = None      # why it stopped for good (Agent.stopped)
+        self.asked = False                   # a request has been sent in this run
         self.store, self.run_id = None, None
 
     def bind(self, store, run_id: str) -> None:
@@ -72,6 +81,11 @@ class LLMAgent(Agent):
 
     def busy(self) -> bool:
         return any(not f.done() for f in self.pending)
+
+    def leads(self, board: Board) -> bool:
+        """Asked first until its first request is out: asking costs the turn nothing (the call runs
+        in the background), and the run learns at its start whether the endpoint answers at all."""
+        return not self.asked and not self.capped
 
     # -- proposing ------------------------------------------------------------------------------
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
@@ -81,6 +95,7 @@ class LLMAgent(Agent):
         if not self.capped and len(self.pending) < self.concurrency:
             job = self._next_request(board)
             if job is not None:
+                self.asked = True
                 self.pending.append(self.pool.submit(self._call, *job))
         return out[:max(n, len(out))]
 
@@ -182,9 +197,21 @@ class LLMAgent(Agent):
 
     # -- in the background ---------------------------------------------------------------------------
     def _call(self, messages, parent: Entry | None, parent_src: str | None, operator: str, problem) -> Proposal | None:
+        """One request; sent again at once (after a short pause) while nothing listens at the
+        endpoint, until it answers or the agent stops: a dead endpoint is found in about a second,
+        however rarely the agent is asked."""
+        while True:
+            proposal, status = self._attempt(messages, parent, parent_src, operator, problem)
+            if status != "unreachable" or self.capped:
+                return proposal
+
+    def _attempt(self, messages, parent: Entry | None, parent_src: str | None, operator: str,
+                 problem) -> tuple[Proposal | None, str]:
         status, raw, proposal, usage = "ok", None, None, {}
         if self.failures:
-            time.sleep(min(BACKOFF_CAP_S, 0.5 * 2 ** self.failures))
+            time.sleep(UNREACHABLE_PAUSE_S * self.failures if self.last_kind == "unreachable"
+                       else min(BACKOFF_CAP_S, 0.5 * 2 ** self.failures))
+        switched = False
         try:
             text, usage = self.client.chat(messages, self._max_tokens(messages), self.temperature)
             try:
@@ -205,21 +232,29 @@ class LLMAgent(Agent):
             if exc.kind == "context_overflow":
                 self._learn_context(str(exc), messages)
             if exc.kind == "context_overflow" and not self.compact:
-                self.compact = True  # from now on: no reference source, a shorter parent
+                self.compact = switched = True  # from now on: no reference source, a shorter parent
                 usage["error"] += " (switching to compact prompts)"
-            elif exc.kind in ("http_fatal", "config", "context_overflow"):
-                self.fatal += 1
-                if self.fatal >= MAX_FATAL:
-                    self.capped = True
-                    usage["error"] += f" (stopping this agent after {MAX_FATAL} such errors in a row)"
         except Exception as exc:  # never let a model call take the run down
             status, usage = "error", {"error": f"{type(exc).__name__}: {exc}"}
+        stopping = False
         if status in ("ok", "empty", "parse_error", "apply_error"):  # the endpoint answered
-            self.failures = self.fatal = 0
-        else:
+            self.failures, self.last_kind = 0, None
+        elif status != "cost_cap" and not switched:
             self.failures += 1
+            self.last_kind = status
+            if self.failures >= MAX_FAILURES and self.stopped is None:
+                stopping, self.capped = True, True
+                self.stopped = (f"LLM agent {self._where()} stopped after {self.failures} failed calls in a row: "
+                                f"{status}: {usage.get('error', '')}")
         self._record(problem.name, operator, status, raw, usage, parent)
-        return proposal
+        if stopping:
+            self._record(problem.name, operator, "stopped", None, {"error": self.stopped}, parent)
+        return proposal, status
+
+    def _where(self) -> str:
+        """The agent and, where its name does not say it, its endpoint's URL (no password)."""
+        ep = self.client.endpoint
+        return redact(self.name if redact(ep.base_url) in ep.label else f"{self.name} ({ep.base_url})")
 
     def _record(self, problem: str, operator: str, status: str, raw: str | None, usage: dict,
                 parent: Entry | None) -> None:

@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from sqlalchemy import event
 
 from swarmfactory.dashboard import pages, queries as Q
+from swarmfactory.redact import redact
 from swarmfactory.report.charts import OUTCOME_ORDER
 
 MAX_LIMIT = 200
@@ -135,7 +136,9 @@ class Dashboard:
         except Q.NotFound as exc:
             return self._error(404, str(exc), api)
         except Exception as exc:  # the store went away, a driver error: one line, no traceback
-            print(f"dashboard: {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            inner = getattr(exc, "orig", None) or exc  # the driver's words, first line, no password
+            first = (str(inner).strip().splitlines() or [""])[0]
+            print(redact(f"dashboard: {path}: {type(inner).__name__}: {first}"), file=sys.stderr)
             return self._error(500, f"the store could not be read: {type(exc).__name__}", api)
 
     def _route(self, c, path: str, query: str, token: str):
@@ -215,12 +218,7 @@ class Dashboard:
 
 def safe_url(url: str) -> str:
     """The store's URL as it may be shown: no password."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url.split("://", 1)[0] + "://..."
+    return redact(url)
 
 
 def _read_only_sqlite(dbapi_conn, _record) -> None:

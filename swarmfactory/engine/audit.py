@@ -66,7 +66,7 @@ def report(problem_name: str, candidate_id: str | None, shape: dict, detail: str
         return msg
     try:
         if store.candidate(candidate_id) is None:
-            msg += f"; not recorded: no candidate {candidate_id} in {store.url}"
+            msg += f"; not recorded: no candidate {candidate_id} in {store.shown}"
             return msg
         case = Case(shape={k: int(v) for k, v in shape.items()}, seed=int.from_bytes(os.urandom(4), "little"),
                     origin=FOUND_BY)
@@ -80,7 +80,7 @@ def report(problem_name: str, candidate_id: str | None, shape: dict, detail: str
                                f"dethroned {candidate_id}: wrong while serving in the engine ({detail})"[:500])
             msg += (f"; dethroned as {problem.name}'s champion (`swarmfactory verify --problem {problem.name}` "
                     "crowns the best candidate that passes the new case)")
-        msg += f"; case {case.key()} added to {problem.name}'s validation set in {store.url}"
+        msg += f"; case {case.key()} added to {problem.name}'s validation set in {store.shown}"
     except Exception as e:  # noqa: BLE001 - as above
         log.warning("could not record the engine audit's finding in the evidence store: %s", e)
     finally:

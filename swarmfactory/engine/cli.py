@@ -18,7 +18,11 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(msg: str, code: int = 2):
-    err.print(f"[red]error:[/red] {msg}", highlight=False)
+    from rich.markup import escape
+
+    from swarmfactory.redact import redact
+
+    err.print(f"[red]error:[/red] {escape(redact(msg))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -96,6 +100,7 @@ def serve(
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
+    _check_port(host, port)  # before the model loads (tens of seconds): a busy port is one line now
     cfg = None
     if store:  # champion:PROBLEM kernels are looked up in the same store as the profiles
         os.environ["SWARMFACTORY_STORE"] = store
@@ -119,6 +124,24 @@ def serve(
         run_server(eng, host=host, port=port, api_key=api_key)
     except OSError as e:
         _fail(str(e), 1)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind and release ``host:port`` as the server will (SO_REUSEADDR, as uvicorn): taken or not
+    ours to take is a usage error, exit 2."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}: choose another --host")
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            _fail(f"cannot listen on {host}:{port}: {e.strerror or e}: choose another --port or --host")
 
 
 def _register_factory():

@@ -363,7 +363,7 @@ def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None =
     except StoreError as e:
         raise KernelError(f"{spec}: {e}") from None
     try:
-        where = store.url
+        where = store.shown
         champ = store.champion(problem)
         if pin:
             exact = store.candidate(pin)

@@ -18,7 +18,11 @@ STORE_HELP = f"evidence store: a SQLite file or a postgresql:// URL (default: $S
 
 
 def _fail(msg: str, code: int = 2):
-    err.print(f"[red]error:[/red] {msg}", highlight=False)
+    from rich.markup import escape
+
+    from swarmfactory.redact import redact
+
+    err.print(f"[red]error:[/red] {escape(redact(msg))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -26,11 +30,11 @@ def _store_arg(store: Optional[str]) -> Optional[str]:
     return store or os.environ.get("SWARMFACTORY_STORE") or None
 
 
-def _open(store: Optional[str], create: bool):
+def _open(store: Optional[str], create: bool, write: bool = False):
     from swarmfactory.evidence.store import Store, StoreError
 
-    try:
-        return Store(_store_arg(store), create=create)
+    try:  # a store to write to must take a write now, before any work
+        return Store(_store_arg(store), create=create, write=create or write)
     except StoreError as e:
         _fail(str(e))
 
@@ -131,7 +135,7 @@ def tune_cmd(
     except (TuneError, ValueError) as e:
         _fail(str(e))
     designer = _design_llm(llm, llm_model) if llm else None
-    st = _open(store, create=not resume)
+    st = _open(store, create=not resume, write=True)
     from swarmfactory import lifecycle
 
     lifecycle.watch(st)  # design servers a killed tune left on this store end; ours are recorded
@@ -145,7 +149,9 @@ def tune_cmd(
         from .llm_designs import serving_target
 
         designer.target = serving_target(tuner.cfg)
-    store_flag = f" --store {shlex.quote(store)}" if store else ""
+    from swarmfactory.redact import redact
+
+    store_flag = f" --store {shlex.quote(redact(store))}" if store else ""
     try:
         run_id = tuner.run()
     except KeyboardInterrupt:
@@ -170,7 +176,7 @@ def tune_cmd(
         print("best: the default design (no design beat it twice)")
     else:
         print(f"best: {champ.design.key[:12]} {champ.ratio:.2f}x the default: {champ.design.describe()}")
-    print(f"store: {st.url}   details: swarmfactory show {run_id}{store_flag}   serve it: swarmfactory engine serve"
+    print(f"store: {st.shown}   details: swarmfactory show {run_id}{store_flag}   serve it: swarmfactory engine serve"
           + store_flag)
 
 

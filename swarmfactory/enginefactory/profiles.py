@@ -147,7 +147,7 @@ def choose(store, model_path: Path) -> tuple[Profile | None, str]:
 def find(store, profile_id: str) -> Profile:
     matches = [p for p in all_profiles(store) if p.id.startswith(profile_id)]
     if not matches:
-        raise LookupError(f"no engine profile {profile_id!r} in {store.url} (list them: swarmfactory engine profiles)")
+        raise LookupError(f"no engine profile {profile_id!r} in {store.shown} (list them: swarmfactory engine profiles)")
     if len({p.id for p in matches}) > 1:
         raise LookupError(f"profile id {profile_id!r} is ambiguous; give more characters")
     return matches[0]

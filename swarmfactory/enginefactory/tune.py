@@ -484,7 +484,7 @@ class Tuner(Factory):
         if resume:
             row = store.run(resume)
             if row is None:
-                raise TuneError(f"no run {resume!r} in {store.url}")
+                raise TuneError(f"no run {resume!r} in {store.shown}")
             if row["config"].get("kind") != "engine-tune":
                 raise TuneError(f"run {resume} is a kernel run; resume it with swarmfactory run --resume")
             if row["status"] == "finished":
@@ -507,7 +507,7 @@ class Tuner(Factory):
             if problem in self.champions:
                 continue
             if self.fixed.get(knob) == "champion":
-                raise TuneError(f"{knob}=champion: no {problem} champion on this hardware in {store.url} "
+                raise TuneError(f"{knob}=champion: no {problem} champion on this hardware in {store.shown} "
                                 f"(swarmfactory run --problems {problem} makes one)")
             self.fixed[knob] = "builtin"
         self.queue: list[tuple[D.Design, str, list[str]]] = []  # designs to evaluate before any new proposal

@@ -52,7 +52,23 @@ class Leases:
                     L.c.validation_version == vversion, L.c.hardware_id == self.hardware_id)
 
     def claim(self, problem, candidate_id: str, vversion: str) -> Claim:
-        """Claim the key for this coordinator; ``claimed`` means evaluate it and then ``release``."""
+        """Claim the key for this coordinator; ``claimed`` means evaluate it and then ``release``.
+        ``StoreWriteError`` when the store does not take the claim (nothing to evaluate then)."""
+        if self.store.unwritable is not None:
+            from swarmfactory.evidence.store import StoreWriteError
+
+            raise StoreWriteError(self.store.write_failure())
+        try:
+            return self._claim(problem, candidate_id, vversion)
+        except Exception as exc:
+            from swarmfactory.evidence.store import StoreWriteError, _one_line, _write_failure
+
+            if not _write_failure(exc):
+                raise
+            self.store.journal.failure = self.store.journal.failure or _one_line(exc)
+            raise StoreWriteError(self.store.write_failure()) from exc
+
+    def _claim(self, problem, candidate_id: str, vversion: str) -> Claim:
         key = self._key(problem, candidate_id, vversion)
         with self.store.lock, self.store.engine.begin() as c:
             now = db_now(c)
@@ -144,8 +160,13 @@ class Leases:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        if abandon_held:
-            self.store._exec(delete(L).where(L.c.owner == self.owner, L.c.state == "held"))
+        if abandon_held and self.store.unwritable is None:
+            from swarmfactory.evidence.store import StoreWriteError
+
+            try:
+                self.store._exec(delete(L).where(L.c.owner == self.owner, L.c.state == "held"))
+            except StoreWriteError:
+                pass  # the store takes no write now: the leases lapse after ttl_s all the same
 
 
 def ensure_table(engine) -> None:

@@ -3,12 +3,19 @@
 SQLAlchemy over SQLite (default ``.swarmfactory/evidence.db``; WAL, one writer: the coordinator)
 or PostgreSQL (``postgresql://...``). Each ``record_*`` commits its own transaction, so a
 ``kill -9`` loses at most what was in flight. Methods are safe to call from several threads.
+
+A store opened for writing is checked to take a write before any work. A write that fails later
+(a full disk, a file made read-only, a lost connection) is kept in a local journal
+(``evidence/journal.py``) and raises ``StoreWriteError``, whose one line says where it is kept;
+the next open for writing writes the journal into the store. Messages show the URL through
+``redact``: never a password.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -19,15 +26,45 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, insert, inspect, select, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 
 from swarmfactory.evidence import schema as S
+from swarmfactory.evidence.journal import Journal, replay
 from swarmfactory.hardware import cpu_fingerprint
+from swarmfactory.redact import redact
 
 DEFAULT_PATH = ".swarmfactory/evidence.db"
 
 
 class StoreError(RuntimeError):
     pass
+
+
+class StoreWriteError(StoreError):
+    """A write the store did not take after it was opened; what could be kept is in its journal.
+    ``result``: what the caller had computed, for a front end that still shows it (``api.evaluate``
+    sets the verdict's)."""
+
+    result: dict | None = None
+
+
+def _evidence_write(method):
+    """A public write (several row writes, as ``record_verdict``): once one of them fails, the rest
+    are journaled too, and ``StoreWriteError`` is raised when the outermost such call returns."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        depth = getattr(self._unit, "depth", 0)
+        self._unit.depth = depth + 1
+        if depth == 0:
+            self._unit.journaled = 0
+        try:
+            res = method(self, *args, **kwargs)
+        finally:
+            self._unit.depth = depth
+        if depth == 0 and self._unit.journaled:
+            raise StoreWriteError(self.write_failure())
+        return res
+    return wrapper
 
 
 def store_url(path_or_url: str | None, create: bool = True) -> str:
@@ -47,8 +84,8 @@ def store_url(path_or_url: str | None, create: bool = True) -> str:
         if scheme.split("+", 1)[0] == "postgresql":
             return target
         if scheme.split("+", 1)[0] != "sqlite":
-            raise StoreError(f"unknown store URL scheme {scheme!r} in {target!r}: give a SQLite file path "
-                             "or a postgresql:// URL")
+            raise StoreError(f"unknown store URL scheme {scheme!r} in {redact(target)!r}: give a SQLite file "
+                             "path or a postgresql:// URL")
         from sqlalchemy.engine import make_url
 
         db = make_url(target).database
@@ -87,35 +124,45 @@ def content_hash(source: str, backend: str, flags: list[str] | tuple[str, ...] =
 
 
 class Store:
-    """Open (``create=False``: an existing store only) or create an evidence store.
+    """Open (``create=False``: an existing store only) or create an evidence store; ``write``
+    (default: ``create``): it will be written to, so check now that it takes a write and write in
+    what an earlier failure left in its journal (``replayed``: rows written, duplicates skipped).
 
     Every failure to open one is a ``StoreError`` with a one-line message. ``created`` says
-    whether this call made a new store.
+    whether this call made a new store. ``shown``: the URL as messages show it (no password).
     """
 
-    def __init__(self, path_or_url: str | None = None, *, create: bool = True):
+    def __init__(self, path_or_url: str | None = None, *, create: bool = True, write: bool | None = None):
         self.url = store_url(path_or_url, create)
+        self.shown = redact(self.url.replace("postgresql+psycopg://", "postgresql://", 1))  # as the user wrote it
         try:
             self.engine: Engine = create_engine(self.url, future=True, pool_pre_ping=True)
         except Exception as exc:
-            raise StoreError(f"cannot open store {self.url}: {_one_line(exc)}") from exc
+            raise StoreError(f"cannot open store {self.shown}: {_one_line(exc)}") from exc
         db = self.engine.url.database if self.url.startswith("sqlite") else None
         self._new_file = bool(db) and db != ":memory:" and not Path(db).exists()
         if self.url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.lock = threading.Lock()
         self._snap = threading.local()  # the connection of a ``consistent()`` block, per thread
+        self._unit = threading.local()  # the public write in progress, per thread (``_evidence_write``)
+        self.journal = Journal(self.url, db)  # shared with ``on_hardware`` views, as the engine is
         self.hardware = cpu_fingerprint()
-        self.created = self._init_schema(create)
+        write = create if write is None else write
+        self.created = self._init_schema(create, write)
+        self.replayed = (0, 0)
+        if write:
+            self._check_writable()
+            self._replay()
 
-    def _init_schema(self, create: bool) -> bool:
+    def _init_schema(self, create: bool, write: bool) -> bool:
         try:
             if self.url.startswith("sqlite"):  # read-only look first: a file that is not ours stays untouched
                 _check_sqlite_store(self.engine.url.database, create)
             with self.engine.connect() as c:
                 exists = inspect(c).has_table(S.meta.name)
             if not exists and not create:
-                raise StoreError(f"{self.url} is not a swarmfactory evidence store (no {S.meta.name} table)")
+                raise StoreError(f"{self.shown} is not a swarmfactory evidence store (no {S.meta.name} table)")
             if not exists:
                 _create_schema(self.engine)
             with self.engine.begin() as c:
@@ -129,7 +176,7 @@ class Store:
                         row = c.execute(select(S.meta.c.value).where(S.meta.c.key == "schema_version")).first()
             if row is not None:
                 if int(row[0]) != S.SCHEMA_VERSION:
-                    raise StoreError(f"store {self.url} has schema v{row[0]}, this swarmfactory "
+                    raise StoreError(f"store {self.shown} has schema v{row[0]}, this swarmfactory "
                                      f"reads v{S.SCHEMA_VERSION}; use a new --store")
             return not exists
         except StoreError:
@@ -137,7 +184,104 @@ class Store:
             raise
         except Exception as exc:
             self.engine.dispose()
-            raise StoreError(f"cannot open store {self.url}: {_one_line(exc)}") from exc
+            note = self._folder_note() if write and self._sqlite_file() is not None else ""
+            if (self._new_file or note) and _write_failure(exc):
+                what = f": cannot create it{note}" if self._new_file else note
+                raise StoreError(f"the store {self.shown} is not writable{what}: {_one_line(exc)}") from exc
+            raise StoreError(f"cannot open store {self.shown}: {_one_line(exc)}") from exc
+
+    # -- writability and the journal -------------------------------------------------------------
+    def _sqlite_file(self) -> Path | None:
+        db = self.engine.url.database if self.url.startswith("sqlite") else None
+        return Path(db) if db and db != ":memory:" else None
+
+    def _folder_note(self) -> str:
+        path = self._sqlite_file()
+        if path is None:
+            return ""
+        if path.exists() and not os.access(path, os.W_OK):
+            return f" (the file {path} is read-only)"
+        if not os.access(path.parent, os.W_OK):
+            return f" (its folder {path.parent} is not writable; SQLite keeps its -wal and -shm files there)"
+        return ""
+
+    def _check_writable(self) -> None:
+        """One real write (the schema version, rewritten as it is) before any work."""
+        try:
+            with self.lock, self.engine.begin() as c:
+                c.execute(update(S.meta).where(S.meta.c.key == "schema_version").values(value=S.meta.c.value))
+        except Exception as exc:
+            if not _write_failure(exc):
+                raise
+            self.engine.dispose()
+            raise StoreError(f"the store {self.shown} is not writable{self._folder_note()}: "
+                             f"{_one_line(exc)}") from None
+
+    def _replay(self) -> None:
+        pending = self.journal.pending()
+        if not pending:
+            return
+        try:
+            self.replayed = replay(self.journal, self.engine, self.lock)
+        except Exception as exc:
+            if not _write_failure(exc):
+                raise
+            self.engine.dispose()
+            raise StoreError(f"the store {self.shown} is not writable: writing in what {', '.join(map(str, pending))} "
+                             f"kept failed: {_one_line(exc)}") from None
+
+    @property
+    def unwritable(self) -> str | None:
+        """Why a write failed after the open (None while writes succeed); later writes are journaled."""
+        return self.journal.failure
+
+    def write_failure(self) -> str:
+        """The one line that says a write failed, why, and where what it held is kept."""
+        j = self.journal
+        text = f"the store {self.shown} is not writable: {self.unwritable}"
+        if j.error is not None:
+            return text + f"; the write could not be kept either: {j.error}"
+        if j.kept:
+            return (text + f"; {j.kept} write(s) kept in {j.where}, written into the store when it is next "
+                           "opened for writing")
+        return text
+
+    def _exec(self, stmt):
+        """One write in its own transaction. A write the store does not take (not a duplicate) marks
+        the store unwritable and raises ``StoreWriteError``."""
+        try:
+            with self.lock, self.engine.begin() as c:
+                return c.execute(stmt)
+        except Exception as exc:
+            if not _write_failure(exc):
+                raise
+            self.journal.failure = self.journal.failure or _one_line(exc)
+            raise StoreWriteError(self.write_failure()) from exc
+
+    def _write(self, table, values: dict, where: dict | None = None):
+        """An evidence row: written, or kept in the journal (the caller, an ``_evidence_write``,
+        then raises). A duplicate (``IntegrityError``) is raised as is."""
+        if self.unwritable is None:
+            try:
+                if where is None:
+                    return self._exec(insert(table).values(**values))
+                cond = [table.c[k] == v for k, v in where.items()]
+                return self._exec(update(table).where(*cond).values(**values))
+            except StoreWriteError:
+                pass
+        self.journal.append(table.name, values, where)
+        self._unit.journaled = getattr(self._unit, "journaled", 0) + 1
+        return None
+
+    def _cache_write(self, stmt) -> None:
+        """A measured machine fact kept to save measuring it again: a failure costs the cache, not
+        the measurement (nothing journaled)."""
+        if self.unwritable is not None:
+            return
+        try:
+            self._exec(stmt)
+        except StoreWriteError:
+            pass
 
     def discard_if_created(self) -> None:
         """Remove the SQLite file this ``Store`` just created (a run that could not start leaves
@@ -177,10 +321,6 @@ class Store:
                 self._snap.conn = None
                 c.rollback()
 
-    def _exec(self, stmt):
-        with self.lock, self.engine.begin() as c:
-            return c.execute(stmt)
-
     def _rows(self, stmt) -> list[dict]:
         snap = getattr(self._snap, "conn", None)
         if snap is not None:
@@ -189,17 +329,24 @@ class Store:
             return [dict(r._mapping) for r in c.execute(stmt)]
 
     # -- runs -------------------------------------------------------------------------------
+    @_evidence_write
     def create_run(self, config: dict, parent_run: str | None = None) -> str:
         run_id = secrets.token_hex(4)
-        self._exec(insert(S.runs).values(id=run_id, status="running", config=config,
-                                         hardware_id=self.hardware["id"], parent_run=parent_run))
+        self._write(S.runs, dict(id=run_id, status="running", config=config, hardware_id=self.hardware["id"],
+                                 parent_run=parent_run))
         return run_id
 
+    @_evidence_write
     def set_run_status(self, run_id: str, status: str) -> None:
         from datetime import datetime, timezone
 
-        self._exec(update(S.runs).where(S.runs.c.id == run_id).values(
-            status=status, finished_at=datetime.now(timezone.utc) if status != "running" else None))
+        self._write(S.runs, dict(status=status, finished_at=datetime.now(timezone.utc) if status != "running" else None),
+                    where={"id": run_id})
+
+    @_evidence_write
+    def set_run_config(self, run_id: str, config: dict) -> None:
+        """A run's recorded configuration, replaced (a resumed run given new limits)."""
+        self._write(S.runs, dict(config=config), where={"id": run_id})
 
     def run(self, run_id: str | None = None) -> dict | None:
         q = select(S.runs)
@@ -208,24 +355,25 @@ class Store:
         return rows[0] if rows else None
 
     # -- problems and candidates --------------------------------------------------------------
+    @_evidence_write
     def record_problem(self, problem) -> None:
         exists = self._rows(select(S.problems.c.id).where(S.problems.c.name == problem.name,
                                                           S.problems.c.spec_hash == problem.spec_hash()))
         if not exists:
             try:
-                self._exec(insert(S.problems).values(
-                    name=problem.name, version=problem.version, spec_hash=problem.spec_hash(),
-                    signature=problem.c_signature, description=problem.description))
-            except Exception:
+                self._write(S.problems, dict(name=problem.name, version=problem.version, spec_hash=problem.spec_hash(),
+                                             signature=problem.c_signature, description=problem.description))
+            except IntegrityError:
                 pass  # recorded concurrently by another process
 
+    @_evidence_write
     def record_candidate(self, cand: dict[str, Any]) -> bool:
         """Insert if new; returns False when this content hash is already known."""
         if self.candidate(cand["id"]) is not None:
             return False
         try:
-            self._exec(insert(S.candidates).values(**cand))
-        except Exception:
+            self._write(S.candidates, dict(cand))
+        except IntegrityError:
             return False
         return True
 
@@ -240,10 +388,11 @@ class Store:
         return self._rows(q)
 
     # -- evaluations --------------------------------------------------------------------------
+    @_evidence_write
     def record_evaluation(self, candidate_id: str, problem, verdict, run_id: str | None,
                           validation_version: str, tools: dict, purpose: str = "search") -> int:
         d = verdict.to_dict()
-        res = self._exec(insert(S.evaluations).values(
+        res = self._write(S.evaluations, dict(
             candidate_id=candidate_id, problem=problem.name, problem_spec=problem.spec_hash(),
             validation_version=validation_version, run_id=run_id, purpose=purpose, hardware_id=self.hardware["id"],
             hardware=self.hardware, tools=tools, outcome=d["outcome"], stage=d["stage"],
@@ -251,13 +400,15 @@ class Store:
             vs_reference=d["vs_reference"], roofline_fraction=d["roofline_fraction"],
             baseline=d["baseline"], shapes=_jsonable(d["shapes"]), flags=d["flags"],
             evidence=_jsonable(d["evidence"]), cases_checked=d["cases_checked"], seconds=d["seconds"]))
-        return int(res.inserted_primary_key[0])
+        return int(res.inserted_primary_key[0]) if res is not None else None
 
+    @_evidence_write
     def record_verdict(self, problem, cand: dict[str, Any], verdict, run_id: str | None,
                        validation_version: str, purpose: str = "search") -> int:
         """Record a verdict with what it judged: the problem, the candidate (a
         ``agents.base.candidate_record``) and the evaluation, with today's tool versions; returns
-        the evaluation's id."""
+        the evaluation's id. ``StoreWriteError`` when the store did not take it: all three are
+        then in the journal."""
         from swarmfactory.tools import tool_versions
 
         self.record_problem(problem)
@@ -306,21 +457,23 @@ class Store:
                                                     S.champions.c.hardware_id == self.hardware["id"])
                           .order_by(S.champions.c.id))
 
+    @_evidence_write
     def set_champion(self, problem, candidate_id: str | None, evaluation_id: int | None,
                      speedup: float | None, run_id: str | None, reason: str) -> None:
-        self._exec(insert(S.champions).values(
+        self._write(S.champions, dict(
             problem=problem.name, problem_spec=problem.spec_hash(), hardware_id=self.hardware["id"],
             candidate_id=candidate_id, evaluation_id=evaluation_id, run_id=run_id, speedup=speedup,
             reason=reason))
 
     # -- validation cases -------------------------------------------------------------------------
+    @_evidence_write
     def add_case(self, problem_name: str, case, found_by: str, broke: str | None, note: str = "") -> bool:
         try:
-            self._exec(insert(S.validation_cases).values(
+            self._write(S.validation_cases, dict(
                 problem=problem_name, case_key=case.key(), shape=dict(case.shape), seed=case.seed,
                 dist=case.dist, found_by=found_by, broke_candidate=broke, note=note))
             return True
-        except Exception:
+        except IntegrityError:
             return False  # already known
 
     def found_cases(self, problem_name: str) -> list[dict]:
@@ -337,17 +490,18 @@ class Store:
         return rows[0]["record"] if rows else None
 
     def put_baseline(self, problem, shape, compile_too: bool, record: dict) -> None:
-        self._exec(insert(S.baselines).values(
+        self._cache_write(insert(S.baselines).values(
             problem=problem.name, spec_hash=problem.spec_hash(),
             shape_key=json.dumps(dict(shape), sort_keys=True), hardware_id=self.hardware["id"],
             tools_key=_tools_key(), compile=int(compile_too), record=_jsonable(record)))
 
     def put_roofs(self, threads: int, record: dict) -> None:
-        self._exec(insert(S.roofs).values(hardware_id=self.hardware["id"], threads=threads, record=record))
+        self._cache_write(insert(S.roofs).values(hardware_id=self.hardware["id"], threads=threads, record=record))
 
     # -- LLM calls ----------------------------------------------------------------------------------
+    @_evidence_write
     def record_llm_call(self, row: dict) -> None:
-        self._exec(insert(S.llm_calls).values(**_jsonable(row)))
+        self._write(S.llm_calls, _jsonable(row))
 
     def llm_calls(self, run_id: str | None = None) -> list[dict]:
         q = select(S.llm_calls).order_by(S.llm_calls.c.id)
@@ -358,11 +512,12 @@ class Store:
     # -- lessons --------------------------------------------------------------------------------------
     # A lesson's identity is ``data["key"]``; each status change (or a material update of its
     # figures) is a new row, never an edit: the latest row of a key is the lesson as it stands.
+    @_evidence_write
     def add_lesson(self, problem: str | None, agent: str, text: str, data: dict, run_id: str | None,
                    hardware_id: str | None = None) -> int:
-        res = self._exec(insert(S.lessons).values(problem=problem, hardware_id=hardware_id or self.hardware["id"],
-                                                  agent=agent, text=text, data=_jsonable(data), run_id=run_id))
-        return int(res.inserted_primary_key[0])
+        res = self._write(S.lessons, dict(problem=problem, hardware_id=hardware_id or self.hardware["id"],
+                                          agent=agent, text=text, data=_jsonable(data), run_id=run_id))
+        return int(res.inserted_primary_key[0]) if res is not None else None
 
     def lessons(self, problem: str | None = None, limit: int = 50) -> list[dict]:
         """The latest ``limit`` lesson rows of this hardware (every status change), newest first."""
@@ -442,10 +597,27 @@ def _check_sqlite_store(database: str | None, create: bool) -> None:
 
 
 def _one_line(exc: Exception) -> str:
-    """The driver's own message, first line only (SQLAlchemy appends a background link)."""
+    """The driver's own message, first line only (SQLAlchemy appends the statement, its
+    parameters and a background link), without a password."""
     inner = getattr(exc, "orig", None) or exc
     lines = str(inner).strip().splitlines()
-    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
+    return redact(f"{type(inner).__name__}: {lines[0] if lines else ''}")
+
+
+# SQLSTATEs of a write refused for good: no privilege, a read-only transaction, a full disk.
+_REFUSED = {"42501", "25006", "53100"}
+
+
+def _write_failure(exc: BaseException) -> bool:
+    """A write the store could not take (a read-only file or server, a full disk, a lost
+    connection): not a duplicate row, not a bug in the statement."""
+    kinds = {c.__name__ for c in type(exc).__mro__}  # SQLAlchemy's wrappers and the drivers' own errors
+    if "IntegrityError" in kinds:
+        return False
+    if kinds & {"OperationalError", "InternalError"} or isinstance(exc, OSError):
+        return True
+    orig = getattr(exc, "orig", None) or exc
+    return (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) in _REFUSED
 
 
 def _jsonable(obj):

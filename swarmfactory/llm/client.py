@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from swarmfactory.redact import redact
+
 # USD per million tokens (input, output) for endpoints that charge; unknown models cost 0 unless
 # the user sets a price. Local servers are free.
 PRICES = {"gpt-4o": (2.5, 10.0), "gpt-4o-mini": (0.15, 0.6), "gpt-4.1": (2.0, 8.0),
@@ -22,7 +24,8 @@ PRICES = {"gpt-4o": (2.5, 10.0), "gpt-4o-mini": (0.15, 0.6), "gpt-4.1": (2.0, 8.
 
 
 class LLMError(Exception):
-    """A call that failed for good (after retries); ``kind`` says how."""
+    """A call that failed for good (after retries; a refused connection at once, kind
+    ``unreachable``); ``kind`` says how."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -58,8 +61,9 @@ class Endpoint:
     extra: dict = field(default_factory=dict)
 
     def public(self) -> dict:
-        """What may be recorded: never the key, only the name of its variable."""
-        return {"label": self.label, "base_url": self.base_url, "model": self.model,
+        """What may be recorded: never the key, only the name of its variable (nor a password in
+        the URL)."""
+        return {"label": redact(self.label), "base_url": redact(self.base_url), "model": self.model,
                 "key_env": self.key_env, "paid": self.paid}
 
 
@@ -111,10 +115,13 @@ class ChatClient:
                     if exc.kind in ("http_fatal", "context_overflow"):
                         raise
                     last = exc
+                except httpx.ConnectError as exc:  # nothing listens there: retrying at once will not help
+                    self._account(0, 0, time.monotonic() - t0, failed=True)
+                    raise LLMError("unreachable", f"cannot connect to {redact(url)}: {exc}") from None
                 except httpx.TimeoutException:
                     last = LLMError("timeout", f"no answer within {self.timeout_s:.0f}s")
                 except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-                    last = LLMError("http", f"{type(exc).__name__}: {exc}")
+                    last = LLMError("http", redact(f"{type(exc).__name__}: {exc}"))
                 self._account(0, 0, time.monotonic() - t0, failed=True)
                 if attempt < self.retries:
                     time.sleep(self.backoff_s * (2 ** attempt))
@@ -147,6 +154,6 @@ def parse_endpoint(spec: str, model: str | None = None, local_url: str | None = 
                         name, "OPENAI_API_KEY", pin, pout, paid=True)
     if spec.startswith(("http://", "https://")):
         if not model:
-            raise LLMError("config", f"{spec}: give the model name with --llm-model")
-        return Endpoint(spec, spec, model, "SWARMFACTORY_LLM_API_KEY")
-    raise LLMError("config", f"bad --llm {spec!r}: use local, openai:MODEL or an http(s) URL ending in /v1")
+            raise LLMError("config", f"{redact(spec)}: give the model name with --llm-model")
+        return Endpoint(redact(spec), spec, model, "SWARMFACTORY_LLM_API_KEY")  # the label names agents: no password
+    raise LLMError("config", f"bad --llm {redact(spec)!r}: use local, openai:MODEL or an http(s) URL ending in /v1")

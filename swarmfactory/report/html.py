@@ -69,7 +69,7 @@ def render(store: Store, run_id: str | None = None) -> str:
              f"<style>{CSS}</style></head><body>",
              f"<h1>swarmfactory run {_e(s['run_id'])}</h1>",
              f"<p>status {_e(s['status'])}; started {_e(s['created_at'])}; {s['evaluations']} evaluations; "
-             f"hardware {_e(s['hardware_id'])}; store {_e(store.url)}</p>",
+             f"hardware {_e(s['hardware_id'])}; store {_e(store.shown)}</p>",
              "<h2>Agents</h2><table><tr><th>agent</th><th>proposals</th><th>correct</th><th>faster</th>"
              "<th>champions</th><th>build_failed</th><th>wrong</th><th>cheated</th><th>crashed</th><th>timed_out</th></tr>"]
     for a in s["agents"]:
@@ -138,8 +138,22 @@ def render(store: Store, run_id: str | None = None) -> str:
     return "\n".join(parts)
 
 
+class ReportWriteError(OSError):
+    """The report could not be written (a folder that takes no file, a full disk); the message is
+    one line and no partial file is left behind."""
+
+
 def write_report(store: Store, run_id: str | None, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(store, run_id))
+    html = render(store, run_id)
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(html)
+            f.flush()  # a full disk shows here or at close, not later
+    except OSError as exc:
+        if not existed and path.is_file():
+            path.unlink(missing_ok=True)
+        raise ReportWriteError(f"cannot write the report to {path}: {exc.strerror or exc}") from exc
     return path

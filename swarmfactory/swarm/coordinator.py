@@ -36,7 +36,7 @@ from swarmfactory.agents.base import Board, Entry, Proposal, knob_key
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence.leases import CLAIMED, Leases
 from swarmfactory.evidence.quality import weight
-from swarmfactory.evidence.store import Store
+from swarmfactory.evidence.store import Store, StoreWriteError
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
 from swarmfactory.harness.outcome import Outcome, Verdict
 from swarmfactory.knowledge.analyst import Analyst
@@ -112,14 +112,19 @@ class Coordinator(Factory):
     def __init__(self, config: RunConfig, store: Store, resume: str | None = None,
                  progress=None, executor: Executor | None = None):
         self.store, self.progress = store, progress or NullProgress()
+        self._new_limits: dict = {}
         if resume:
             row = store.run(resume)
             if row is None:
-                raise RunError(f"no run {resume!r} in {store.url}")
+                raise RunError(f"no run {resume!r} in {store.shown}")
             if row["status"] == "finished":
                 raise RunError(f"run {resume} already finished; start a new run (its champions carry over)")
-            config = RunConfig.build(**row["config"])
             self.run_id = resume
+            # the recorded configuration, but a budget or time limit given now replaces the recorded one
+            self._new_limits = {k: getattr(config, k) for k in ("budget", "time_s")
+                                if config is not None and getattr(config, k) is not None}
+            config = RunConfig.build(**{**row["config"], **self._new_limits})
+            self._check_limits_left(config)
         else:
             self.run_id = None
         self.config = config
@@ -160,6 +165,7 @@ class Coordinator(Factory):
         self.analyst = Analyst(store)
         self.lessons_written = 0
         self.states: dict[str, ProblemState] = {}
+        self._stops_reported: set[str] = set()
 
     @staticmethod
     def _cpu_split(parallel: int):
@@ -202,6 +208,15 @@ class Coordinator(Factory):
         cand = self.store.candidate(champ["candidate_id"]) if champ else None
         st.champion = self._entry(cand, "faster", champ["speedup"], "champion") if cand else None
 
+    def _check_limits_left(self, config: RunConfig) -> None:
+        """A resumed run's new limits must leave it something to do (they count the whole run)."""
+        if "budget" in self._new_limits and self._done_in_run() >= config.budget:
+            raise RunError(f"run {self.run_id} already made {self._done_in_run()} evaluations: --budget {config.budget} "
+                           "leaves none (the budget counts the whole run): give a larger --budget")
+        if "time_s" in self._new_limits and self._elapsed_before() >= config.time_s:
+            raise RunError(f"run {self.run_id} already ran {self._elapsed_before():.0f} s: --time {config.time_s:g}s "
+                           "leaves none (the time counts the whole run): give a longer --time")
+
     def _done_in_run(self) -> int:
         return sum(1 for e in self.store.evaluations(run_id=self.run_id) if e["purpose"] == "search")
 
@@ -222,6 +237,8 @@ class Coordinator(Factory):
             elapsed = 0.0
         else:
             self.store.set_run_status(self.run_id, "running")
+            if self._new_limits:  # what show, report and a later --resume read
+                self.store.set_run_config(self.run_id, cfg.model_dump())
             elapsed = self._elapsed_before()
             self._replay_bandit()
         own_cpus = os.sched_getaffinity(0)
@@ -242,10 +259,13 @@ class Coordinator(Factory):
         try:
             drive(self, parallel=cfg.parallel, budget=cfg.budget, deadline=deadline, done=self._done,
                   on_progress=lambda done: self.progress.update(done, self._champion_speedups(states), self.counts))
+            stopped = self._all_stopped()
+            if stopped:  # nobody left to propose: the run cannot do what it was asked (resumable)
+                raise RunError("every agent stopped: " + "; ".join(stopped))
             if cfg.remeasure_champions:
                 self._remeasure(states)
             self._learn(states.values())
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, every agent stopped, a store that takes no more writes
             status = "interrupted"
             self.executor.shutdown(wait=False)
             raise
@@ -255,7 +275,10 @@ class Coordinator(Factory):
             self.progress.stop()
             self._stop_llm_agents()
             os.sched_setaffinity(0, own_cpus)
-            self.store.set_run_status(self.run_id, status)
+            try:
+                self.store.set_run_status(self.run_id, status)
+            except StoreWriteError:
+                pass  # kept in the store's journal; the error that ends the run says so
             if status == "finished":
                 self.executor.shutdown()
             self.harness.close()
@@ -310,6 +333,7 @@ class Coordinator(Factory):
         job.st.seen.add(job.cid)
 
     def propose(self) -> Job | None:
+        self._report_stops()
         cfg = self.config
         budget_left = cfg.budget and cfg.budget - self._done - self._in_flight
         job = (self._orphan_job(self.states) or self._retry_job(self.states)
@@ -333,7 +357,14 @@ class Coordinator(Factory):
         job.draw, st.draw = st.draw, st.draw + 1
         job.drawn = st.problem.model_cases(job.draw)
         self._in_flight += 1
-        return self.executor.submit(st.problem, prop.source, st.cases + job.drawn)
+        return self._submit(st.problem, prop.source, st.cases + job.drawn, {"backend": prop.backend})
+
+    def _submit(self, problem: Problem, source: str, cases: list, cand: dict):
+        """The executor's evaluation of a candidate in the backend it is written in: the problem's,
+        or another the problem takes (a CUDA or PTX kernel of a Triton problem, from `eval`)."""
+        backend = problem.backend_of(cand)
+        extra = {"backend": backend} if backend != problem.backend else {}  # the common case: as before
+        return self.executor.submit(problem, source, cases, **extra)
 
     def complete(self, job: Job, verdict: Verdict) -> None:
         st = job.st
@@ -358,7 +389,25 @@ class Coordinator(Factory):
         return any(a.busy() for a in self.agents.values()) or any(s.retry for s in self.states.values())
 
     def finished(self) -> bool:
-        return all(s.exhausted and not s.retry for s in self.states.values())
+        if any(s.retry for s in self.states.values()):
+            return False
+        return all(s.exhausted for s in self.states.values()) or bool(self._all_stopped())
+
+    def _all_stopped(self) -> list[str]:
+        """Why each agent stopped, when every one has (an LLM-only run whose endpoints keep
+        failing); else an empty list."""
+        why = [a.stopped for a in self.agents.values()]
+        return why if why and all(why) else []
+
+    def _report_stops(self) -> None:
+        """One warning line per agent that stopped while others go on (when none is left, the run
+        ends with the reasons instead)."""
+        if self._all_stopped():
+            return
+        for name, agent in self.agents.items():
+            if agent.stopped and name not in self._stops_reported:
+                self._stops_reported.add(name)
+                log.warning("warning: %s; the run goes on with the other agents", agent.stopped)
 
     def _orphan_job(self, states: dict[str, ProblemState]):
         """A candidate whose lease expired before its verdict was recorded (its coordinator died):
@@ -534,7 +583,7 @@ class Coordinator(Factory):
         """A fresh re-measure of a candidate (verified on today's cases first, on the executor's
         hardware), recorded with purpose ``remeasure``: what succession calls."""
         def remeasure(cand: dict) -> int:
-            verdict = result(self.executor.submit(st.problem, cand["source"], st.cases))
+            verdict = result(self._submit(st.problem, cand["source"], st.cases, cand))
             return self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
         return remeasure
 

@@ -20,7 +20,7 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
     if run is None:
         from swarmfactory.evidence.store import StoreError
 
-        raise StoreError(f"no run {run_id!r} in {store.url}" if run_id else f"no runs in {store.url} yet")
+        raise StoreError(f"no run {run_id!r} in {store.shown}" if run_id else f"no runs in {store.shown} yet")
     run_id = run["id"]
     store = store.on_hardware({**store.hardware, "id": run["hardware_id"]})  # champions of the run's hardware
     evs = store.evaluations(run_id=run_id)
@@ -108,7 +108,11 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
     board = [{"agent": a, **dict(c), "champions": champ_agents.get(a, 0),
               "correct": sum(c[o] for o in CORRECT)} for a, c in sorted(agents.items())]
     llm: dict[str, Counter] = defaultdict(Counter)
+    stopped: dict[str, str] = {}  # agent -> why it stopped for good (a row of its own, not a call)
     for call in store.llm_calls(run_id):
+        if call["status"] == "stopped":
+            stopped[call["agent"]] = call["error"] or "stopped"
+            continue
         row = llm[f"{call['agent']}|{call['model']}"]
         row["calls"] += 1
         row[call["status"]] += 1
@@ -123,12 +127,12 @@ def summarize(store: Store, run_id: str | None = None) -> dict:
         llm_rows.append({"agent": agent, "model": model, **dict(c), "cost_usd": round(c["cost_usd"], 6),
                          "seconds": round(c["seconds"], 1), "candidates": mine.get("proposals", 0),
                          "correct": mine.get("correct", 0), "faster": mine.get("faster", 0),
-                         "champions": mine.get("champions", 0)})
+                         "champions": mine.get("champions", 0), "stopped": stopped.get(agent)})
     return {"run_id": run_id, "status": run["status"], "config": run["config"], "llm": llm_rows,
             "hardware_id": run["hardware_id"], "created_at": str(run["created_at"]),
             "finished_at": str(run["finished_at"]) if run["finished_at"] else None,
             "evaluations": sum(p["evaluations"] for p in problems), "problems": problems,
-            "agents": board, "warnings": warnings(problems)}
+            "agents": board, "warnings": warnings(problems) + [f"warning: {why}" for why in stopped.values()]}
 
 
 def _confirmed(store, problem, row: dict) -> dict:

@@ -83,7 +83,7 @@ def resolve(spec: str) -> Matvec:
     except StoreError as e:
         raise NativeUnavailable(f"{spec}: {e}") from None
     try:
-        where = store.url
+        where = store.shown
         if pin is None:
             champ = store.champion(problem)
             if champ is None:
