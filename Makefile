@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-masked venv clean bench-kernels bench-engine peers
+.PHONY: demo test test-slow test-masked venv clean bench-kernels bench-engine peers
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,11 @@ MASKED_TESTS := tests/engine/test_native.py tests/engine/test_native_seam.py tes
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-masked
+
+# Everything, the slow end-to-end tests included (marked `slow`: each repeats what a faster test
+# shows, over minutes of real runs; CI skips them).
+test-slow: $(STAMP)
+	SWARMFACTORY_SLOW=1 $(MAKE) --no-print-directory test
 
 test-masked: $(STAMP)
 	$(MASK_AVX2) $(BIN)/python -m pytest -q $(MASKED_TESTS) $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from cli_support import clean_env, entry_point
 
 from swarmfactory.evidence.store import Store
@@ -50,6 +51,7 @@ def _interrupt_after(args, db, cwd, more_than: int, deadline_s: float = 420):
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_prints_the_resume_command_and_the_run_resumes(tmp_path):
     db = tmp_path / "e.db"
     args = ["run", "--problems", "rmsnorm", "--agents", "seed,random-restart", "--time", "30m",

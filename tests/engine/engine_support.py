@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+from collections import OrderedDict
 import subprocess
 import sys
 import time
@@ -21,19 +23,25 @@ PROMPTS = [
 # OpenMP threads per process slow down by an order of magnitude while one degrades gently.
 THREADS = 1
 
-_engines: dict = {}
+_engines: "OrderedDict[tuple, object]" = OrderedDict()
+KEEP_ENGINES = 2  # an engine with its KV cache is 0.5-1 GB: keep the two most recently used
 
 
 def get_engine(weights: str, **kw):
-    """Engines are expensive to build; share one per (format, options) across the session.
-    Mapping options (kernels, dense_above) are passed as tuples of (key, value) pairs."""
+    """Engines are expensive to build; share one per (format, options), the two most recently
+    used kept (the test process stays within a few GB over the whole suite). Mapping options
+    (kernels, dense_above) are passed as tuples of (key, value) pairs."""
     from swarmfactory.engine import Engine, EngineConfig
 
     key = (weights, tuple(sorted(kw.items())))
     if key not in _engines:
+        while len(_engines) >= KEEP_ENGINES:
+            _engines.popitem(last=False)
+        gc.collect()
         kw = {k: dict(v) if isinstance(v, tuple) else v for k, v in kw.items()}
         opts = {"max_batch": 8, "max_seq_len": 1024, "threads": THREADS, **kw}
         _engines[key] = Engine(EngineConfig(weights=weights, **opts))
+    _engines.move_to_end(key)
     return _engines[key]
 
 

@@ -288,6 +288,7 @@ def test_a_new_kernel_champion_is_tried_in_the_best_design_first(tmp_path, monke
 
 
 # -- screening ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measured_in_full(reference, tmp_path):
     """A real design, verified and served, measured briefly (the first workload, one wave per level)
     against a champion whose short figure is far higher: screened out, with its figures."""

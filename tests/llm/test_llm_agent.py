@@ -121,6 +121,7 @@ def test_a_small_context_switches_the_agent_to_compact_prompts(tmp_path):
     assert len([e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]) == 1
 
 
+@pytest.mark.slow
 def test_llm_local_runs_our_engine_with_smollm2(tmp_path):
     store = Store(str(tmp_path / "e.db"))
     # short answers for 40 s: this is about the wiring to a real local server, not the quality of a

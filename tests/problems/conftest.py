@@ -94,6 +94,8 @@ def compare(problem: Problem, got: Mapping, ref: Mapping, label: str, inputs: Ma
     if inputs is None:
         return
     key = (problem.name, id(inputs))  # the inputs are kept alive with their torch errors
+    if any(k[0] != problem.name for k in _TORCH_ERRORS):  # one problem's at a time: memory stays bounded
+        _TORCH_ERRORS.clear()
     if key not in _TORCH_ERRORS or _TORCH_ERRORS[key][0] is not inputs:
         _TORCH_ERRORS[key] = (inputs, torch_errors(problem, dict(inputs), expected, atol))
     _, msg = error_vs_torch(problem, expected, out, atol, _TORCH_ERRORS[key][1], label)
@@ -101,13 +103,15 @@ def compare(problem: Problem, got: Mapping, ref: Mapping, label: str, inputs: Ma
 
 
 class CaseData:
-    """Inputs and reference outputs per case, computed once per session."""
+    """Inputs and reference outputs per case, computed once while a problem's tests run."""
 
     def __init__(self):
         self._cache: dict[tuple[str, str], tuple[dict, dict]] = {}
 
     def get(self, problem: Problem, case: Case) -> tuple[dict, dict]:
         key = (problem.name, case.key())
+        if key not in self._cache and any(k[0] != problem.name for k in self._cache):
+            self._cache.clear()  # one problem's cases at a time (tests run problem by problem)
         if key not in self._cache:
             inputs = problem.case_inputs(case)
             ref = problem.reference(to_torch(inputs))

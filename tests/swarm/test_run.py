@@ -45,6 +45,7 @@ def test_run_on_two_problems_finds_valid_champions_within_budget(tmp_path):
     assert any(e["purpose"] == "remeasure" for e in store.evaluations(run_id=run_id))
 
 
+@pytest.mark.slow
 def test_candidates_measured_before_are_not_measured_again(tmp_path):
     store = Store(str(tmp_path / "e.db"))
     cfg = RunConfig.build(problems="rmsnorm", budget=4, **FAST)
@@ -182,6 +183,7 @@ def test_a_run_on_a_busy_machine_crowns_nothing_and_measures_inconclusive_candid
     assert any("inconclusive" in w for w in s["warnings"])
 
 
+@pytest.mark.slow
 def test_an_evaluated_faster_kernel_competes_and_a_run_re_measures_it(tmp_path):
     """`eval` of a faster kernel takes the title (when measured on a quiet machine); the next run
     does not evaluate it again as a duplicate, re-measures the champion at its end, and either
