@@ -3,8 +3,9 @@
 Runs the command, samples every process under it (children, their children, ... found through
 /proc by parent pid) every ``--every`` seconds, and prints the peak of the tree's summed resident
 memory, the peak of any single process (with its command line), and the most processes alive at
-once. Resident memory (RSS) counts a page shared by two processes twice, so the tree's figure is
-an upper bound of what the tree takes from the machine.
+once. Memory is the proportional set size (PSS: a page shared by n processes counts 1/n in each,
+so a forked child or workers sharing torch's libraries are not counted twice); where the kernel
+does not give it, the resident size.
 
     .venv/bin/python benchmarks/memory.py [--every 0.5] [--json out.json] -- COMMAND ...
 
@@ -25,8 +26,23 @@ import time
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _pss(pid: str) -> int:
+    """Proportional set size: resident pages, a page shared by n processes counted 1/n in each
+    (a forked child, or workers sharing a library, are not counted twice); resident size where
+    the kernel does not give it."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
 def _table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent pid, resident bytes, short command) of every live process."""
+    """pid -> (parent pid, PSS bytes, short command) of every live process."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -36,8 +52,7 @@ def _table() -> dict[int, tuple[int, int, str]]:
                 fields = f.read().rsplit(")", 1)[1].split()
             if fields[0] in ("Z", "X"):
                 continue
-            with open(f"/proc/{entry}/statm") as f:
-                rss = int(f.read().split()[1]) * PAGE
+            rss = _pss(entry)
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
             out[int(entry)] = (int(fields[1]), rss, cmd)
