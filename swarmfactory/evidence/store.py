@@ -495,6 +495,17 @@ class Store:
             shape_key=json.dumps(dict(shape), sort_keys=True), hardware_id=self.hardware["id"],
             tools_key=_tools_key(), compile=int(compile_too), record=_jsonable(record)))
 
+    def latest_roofs(self, threads: int) -> tuple[dict, float | None] | None:
+        """The last roofs recorded for this hardware at ``threads`` threads, with when (seconds
+        since the epoch; None if unknown)."""
+        rows = self._rows(select(S.roofs.c.record, S.roofs.c.created_at).where(
+            S.roofs.c.hardware_id == self.hardware["id"], S.roofs.c.threads == threads)
+            .order_by(S.roofs.c.id.desc()).limit(1))
+        if not rows:
+            return None
+        at = rows[0]["created_at"]
+        return rows[0]["record"], (at.timestamp() if hasattr(at, "timestamp") else None)
+
     def put_roofs(self, threads: int, record: dict) -> None:
         self._cache_write(insert(S.roofs).values(hardware_id=self.hardware["id"], threads=threads, record=record))
 

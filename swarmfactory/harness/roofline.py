@@ -192,20 +192,11 @@ def known_or_measured(cpus: list[int], store=None) -> dict:
     hw, threads = cpu_fingerprint()["id"], len(cpus)
     if store is not None:
         try:
-            from sqlalchemy import select
-
-            from swarmfactory.evidence import schema as S
-
-            rows = store._rows(select(S.roofs.c.record, S.roofs.c.created_at).where(
-                S.roofs.c.hardware_id == store.hardware["id"], S.roofs.c.threads == threads)
-                .order_by(S.roofs.c.id.desc()).limit(1))
-            if rows:
-                at = rows[0]["created_at"]
-                at = at.timestamp() if hasattr(at, "timestamp") else None
-                if _reusable(rows[0]["record"], at):
-                    return dict(rows[0]["record"], reused="store")
-        except Exception:
-            pass
+            latest = store.latest_roofs(threads)
+        except Exception:  # an unreadable record is measured again
+            latest = None
+        if latest is not None and _reusable(*latest):
+            return dict(latest[0], reused="store")
     path = _cache_path(hw, threads)
     try:
         cached = json.loads(path.read_text())
