@@ -205,30 +205,28 @@ class Store:
             return f" (its folder {path.parent} is not writable; SQLite keeps its -wal and -shm files there)"
         return ""
 
-    def _check_writable(self) -> None:
-        """One real write (the schema version, rewritten as it is) before any work."""
+    @contextlib.contextmanager
+    def _refused_is_unwritable(self, why: str):
+        """A write refused inside the block closes the store with one line: not writable, ``why``."""
         try:
-            with self.lock, self.engine.begin() as c:
-                c.execute(update(S.meta).where(S.meta.c.key == "schema_version").values(value=S.meta.c.value))
+            yield
         except Exception as exc:
             if not _write_failure(exc):
                 raise
             self.engine.dispose()
-            raise StoreError(f"the store {self.shown} is not writable{self._folder_note()}: "
-                             f"{_one_line(exc)}") from None
+            raise StoreError(f"the store {self.shown} is not writable{why}: {_one_line(exc)}") from None
+
+    def _check_writable(self) -> None:
+        """One real write (the schema version, rewritten as it is) before any work."""
+        with self._refused_is_unwritable(self._folder_note()), self.lock, self.engine.begin() as c:
+            c.execute(update(S.meta).where(S.meta.c.key == "schema_version").values(value=S.meta.c.value))
 
     def _replay(self) -> None:
         pending = self.journal.pending()
         if not pending:
             return
-        try:
+        with self._refused_is_unwritable(f": writing in what {', '.join(map(str, pending))} kept failed"):
             self.replayed = replay(self.journal, self.engine, self.lock)
-        except Exception as exc:
-            if not _write_failure(exc):
-                raise
-            self.engine.dispose()
-            raise StoreError(f"the store {self.shown} is not writable: writing in what {', '.join(map(str, pending))} "
-                             f"kept failed: {_one_line(exc)}") from None
 
     @property
     def unwritable(self) -> str | None:
