@@ -24,7 +24,6 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import time
 from swarmfactory.api import evaluate
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import HarnessConfig
+from swarmfactory.lifecycle import kill_tree
 from swarmfactory.problems import load_problem
 
 CPU_HOG = "while True: pass"
@@ -56,10 +56,7 @@ def start_load(measure: list[int], others: list[int], duty: float = 1.0) -> list
 
 def stop_load(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(p.pid)  # its process group, and it
         p.wait()
 
 

@@ -1,5 +1,4 @@
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -51,6 +50,8 @@ def harness():
 
 @contextmanager
 def _hogs(cpu: int, n: int):
+    from swarmfactory.lifecycle import kill_tree
+
     procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"],
                               start_new_session=True) for _ in range(n)]
     try:
@@ -58,10 +59,7 @@ def _hogs(cpu: int, n: int):
         yield
     finally:
         for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_tree(p.pid)  # its process group, and it
             p.wait()
 
 
