@@ -1,5 +1,5 @@
-"""The store's ledger of processes (schema ``processes``; swarmfactory/lifecycle.py decides what
-goes in and what is ended)."""
+"""The store's ledger of processes (schema ``processes``): ``ProcessLedger(store)`` is what
+``lifecycle.watch`` takes; swarmfactory/lifecycle.py decides what goes in and what is ended."""
 
 from __future__ import annotations
 
@@ -24,18 +24,23 @@ def _ensure(store) -> None:
     _READY.add(id(store.engine))
 
 
-def record(store, pid: int, start: str, what: str, owner_pid: int, owner_start: str | None, boot: str) -> None:
-    _ensure(store)
-    store._exec(insert(P).values(boot=boot, pid=pid, start=start, what=what[:64], owner_pid=owner_pid,
-                                 owner_start=owner_start))
+class ProcessLedger:
+    """One store's ``processes`` table, as a ``lifecycle.Ledger``."""
 
+    def __init__(self, store):
+        self.store = store
 
-def forget(store, pid: int, start: str, boot: str) -> None:
-    _ensure(store)
-    store._exec(delete(P).where(P.c.boot == boot, P.c.pid == pid, P.c.start == start))
+    def record(self, pid: int, start: str, what: str, owner_pid: int, owner_start: str | None,
+               boot: str) -> None:
+        _ensure(self.store)
+        self.store._exec(insert(P).values(boot=boot, pid=pid, start=start, what=what[:64],
+                                          owner_pid=owner_pid, owner_start=owner_start))
 
+    def forget(self, pid: int, start: str, boot: str) -> None:
+        _ensure(self.store)
+        self.store._exec(delete(P).where(P.c.boot == boot, P.c.pid == pid, P.c.start == start))
 
-def recorded(store, boot: str) -> list[dict]:
-    _ensure(store)
-    return store._rows(select(P.c.pid, P.c.start, P.c.what, P.c.owner_pid, P.c.owner_start)
-                       .where(P.c.boot == boot))
+    def recorded(self, boot: str) -> list[dict]:
+        _ensure(self.store)
+        return self.store._rows(select(P.c.pid, P.c.start, P.c.what, P.c.owner_pid, P.c.owner_start)
+                                .where(P.c.boot == boot))

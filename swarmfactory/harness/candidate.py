@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import shutil
 import signal
 import struct
@@ -35,7 +34,7 @@ from swarmfactory.harness import tracer
 from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.drivertools import driver_path, syscall_names
 from swarmfactory.harness.isolation import Containment, seccomp_state
-from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.outcome import Outcome, Rejected
 
 CMD = struct.Struct("<IIIIQQII24x")
 REPLY = struct.Struct("<IIIIQQ")
@@ -44,8 +43,6 @@ OP_CALL, OP_BATCH, OP_EXIT, OP_FP = 1, 2, 3, 4
 ST_OK, ST_BAD_COMMAND, ST_LOAD_FAILED, ST_NO_SYMBOL, ST_READY, ST_BAD_SLOT = range(6)
 EXIT_FORBIDDEN = 159
 UNBOUNDED = (1 << 64) - 1
-CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL")
 M_MUTATE = 1
 @dataclass(frozen=True)
@@ -58,29 +55,6 @@ class Reply:
 
 
 # -- the process ------------------------------------------------------------------------------------
-def _preexec(cpus: list[int], mem_bytes: int, cpu_seconds: int, isolate_net: bool):
-    def apply():
-        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        try:
-            os.sched_setaffinity(0, cpus)
-        except OSError:
-            pass
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a stopped driver dies with its parent thread
-        if isolate_net:
-
-            try:
-                libc.unshare(CLONE_NEWNET)
-            except (OSError, AttributeError):
-                pass  # not permitted here: the system-call allow-list forbids sockets anyway
-    return apply
-
-
 class _Watchdog:
     """Kills the process group when a deadline passes (one thread per process, re-armed)."""
 
@@ -135,7 +109,6 @@ class CandidateProcess:
         self.containment = Containment(self.tmpdir, use_cgroup=contain)
         self.trace = trace and tracer.available()[0]
         self.fp_threads: dict[int, int] = {}
-        self.status: int | None = None  # wait status once it died
         self.stage = "load"
         cmd_r, self.cmd_w = os.pipe()
         self.reply_r, reply_w = os.pipe()
@@ -145,18 +118,16 @@ class CandidateProcess:
                    OMP_THREAD_LIMIT=str(threads))
         argv = [driver_path(), str(cmd_r), str(reply_w), str(arena.fd), str(arena.size), str(threads),
                 "1" if seccomp else "0", os.path.abspath(library), symbol]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.tmpdir, env=env,
-                pass_fds=(cmd_r, reply_w, arena.fd), start_new_session=True,
-                preexec_fn=_preexec(cpus, int(mem_gb * (1 << 30)), cpu_seconds, True))
+        # a stopped driver dies with the thread that started it, besides the guard
+        limits = lifecycle.Limits(mem_bytes=int(mem_gb * (1 << 30)), cpu_seconds=cpu_seconds, file_bytes=16 << 20,
+                                  core_bytes=0, cpus=tuple(cpus), own_network=True, die_with_parent=True)
+        self.proc = lifecycle.Child(argv, "candidate driver", env=env, cwd=self.tmpdir, limits=limits,
+                                    log=self.log_path, pass_fds=(cmd_r, reply_w, arena.fd),
+                                    containment=self.containment, ledger=False)
         os.close(cmd_r)
         os.close(reply_w)
         self.pid = self.proc.pid
-        cg = self.containment.cgroup
-        lifecycle.adopt(self.pid, "candidate driver", str(cg) if cg else None, ledger_too=False)
-        self.watchdog = _Watchdog(self._kill_group)
-        _register(self)
+        self.watchdog = _Watchdog(self.proc.kill)
         self.isolation = {"seccomp": False, "containment": "process group"}
         try:
             self._start(seccomp, load_timeout)
@@ -176,7 +147,6 @@ class CandidateProcess:
         if ready.status != ST_READY:
             raise Rejected(Outcome.CRASHED, f"the driver did not start (status {ready.status})", "load")
         mode, filters = seccomp_state(self.pid)
-        self.containment.adopt(self.pid)
         self.isolation = {"seccomp": mode == 2 and filters >= 1, "containment": self.containment.mechanism,
                           "network": "own namespace" if _own_netns(self.pid) else "shared",
                           # from the driver itself, before any candidate code ran
@@ -242,22 +212,11 @@ class CandidateProcess:
         """Block until the process is stopped again; raise Rejected if it died or ran out of time."""
         self.watchdog.arm(timeout)
         try:
-            while True:
-                try:
-                    pid, status = os.waitpid(self.pid, os.WUNTRACED)
-                except ChildProcessError:
-                    status = self.status if self.status is not None else 0
-                    break
-                except InterruptedError:
-                    continue
-                if pid == self.pid:
-                    if os.WIFSTOPPED(status):
-                        return
-                    self.status = status
-                    break
+            stopped = self.proc.wait_stop()
         finally:
             self.watchdog.disarm()
-        raise self._death(stage)
+        if not stopped:
+            raise self._death(stage)
 
     def _take_reply(self, stage: str, allow: set[int] | None = None) -> Reply:
         try:
@@ -408,15 +367,14 @@ class CandidateProcess:
 
     # -- the end ----------------------------------------------------------------------------------
     def strays(self) -> list[int]:
-        return self.containment.strays() if self.proc.poll() is None or self.status is None else \
-            self.containment.members()
+        return self.containment.strays() if self.proc.poll() is None else self.containment.members()
 
     def check_contained(self, stage: str) -> None:
         """Before a verdict: nothing but the driver (and its pool threads) may be alive."""
         strays = [p for p in self.containment.members() if p != self.pid]
         if strays:
             detail = ", ".join(f"{p} ({_comm(p)})" for p in strays[:5])
-            self.containment.kill_all()
+            self.kill()
             raise Rejected(Outcome.CHEATED, f"the candidate left {len(strays)} process(es) running "
                            f"outside the call: {detail}; all were killed "
                            f"(found by {self.containment.mechanism})", stage)
@@ -425,61 +383,31 @@ class CandidateProcess:
             raise Rejected(Outcome.CHEATED, f"the candidate's process has {now} threads, "
                            f"{self.threads} after loading: it started threads of its own", stage)
 
-    def _kill_group(self) -> None:
-        for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
-            try:
-                target()
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.containment.kill_all()
-
     def kill(self) -> None:
-        self._kill_group()
+        """SIGKILL to its process group, to itself and to its containment's members (cgroup or
+        token); never waits (the watchdog calls it too)."""
+        self.proc.kill()
 
     def close(self) -> None:
         self.watchdog.close()
-        self._kill_group()
-        if self.status is None:
-            try:
-                _, self.status = os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
-        self.containment.close()
-        lifecycle.release(self.pid)
+        self.proc.close()
         for fd in (self.cmd_w, self.reply_r):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        _unregister(self)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def log_tail(self, n: int = 600) -> str:
         """The end of what the process wrote, with the coordinator's secrets redacted (defence in
         depth: the sandbox already keeps it from reading them)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - n))
-                return redact(f.read().decode(errors="replace").strip())
-        except OSError:
-            return ""
+        return redact(self.proc.log_tail(n))
 
     def _death(self, stage: str) -> Rejected:
-        if self.status is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid == self.pid:
-                    self.status = status
-            except ChildProcessError:
-                pass
-            if self.status is None:
-                self._kill_group()
-                try:
-                    _, self.status = os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    self.status = 0
-        st, tail = self.status, self.log_tail()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        st, tail = self.proc.status, self.log_tail()
         if self.watchdog.fired:
             return Rejected(Outcome.TIMED_OUT, f"no answer in time during {stage}; the process was killed", stage)
         if os.WIFEXITED(st) and os.WEXITSTATUS(st) == EXIT_FORBIDDEN and "time-stamp counter" in tail:
@@ -575,25 +503,3 @@ def _own_netns(pid: int) -> bool:
         return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
     except OSError:
         return False
-
-
-# -- every live candidate process, so an interrupted run kills them all -----------------------------
-_LIVE: dict[int, CandidateProcess] = {}
-_LIVE_LOCK = threading.Lock()
-
-
-def _register(p: CandidateProcess) -> None:
-    with _LIVE_LOCK:
-        _LIVE[id(p)] = p
-
-
-def _unregister(p: CandidateProcess) -> None:
-    with _LIVE_LOCK:
-        _LIVE.pop(id(p), None)
-
-
-def kill_all() -> None:
-    with _LIVE_LOCK:
-        procs = list(_LIVE.values())
-    for p in procs:
-        p.kill()

@@ -12,6 +12,9 @@ kills it, by the strongest means this machine offers:
   alike, and a variable every process may have: it names nothing of the harness) is found in
   /proc and killed.
 * the process group of the driver is always killed as well.
+
+A ``Containment`` is handed to the process's ``lifecycle.Child``, which moves the process into it
+and kills what it holds whenever it kills the process.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ def cgroup_root() -> Path | None:
 class Containment:
     """Tracks one candidate process and everything it may have started."""
 
-    def __init__(self, token: str, use_cgroup: bool = True):
-        """``token``: the candidate process's private TMPDIR (unique to this evaluation)."""
+    def __init__(self, token: str | None, use_cgroup: bool = True):
+        """``token``: the candidate process's private TMPDIR (unique to this evaluation); None:
+        without a cgroup, nothing is tracked beyond the process group (a trusted worker's)."""
         self.token = token
         self.cgroup: Path | None = None
         root = cgroup_root() if use_cgroup else None
@@ -75,7 +79,7 @@ class Containment:
 
     @property
     def mechanism(self) -> str:
-        return "cgroup" if self.cgroup else "token"
+        return "cgroup" if self.cgroup else "token" if self.token else "process group"
 
     def adopt(self, pid: int) -> bool:
         """Move ``pid`` (and its threads) into the cgroup. False if that failed."""
@@ -98,6 +102,8 @@ class Containment:
                 return sorted(int(x) for x in text.split())
             except OSError:
                 return []
+        if self.token is None:
+            return []
         found = []
         needle = f"TMPDIR={self.token}".encode()
         for entry in os.listdir("/proc"):

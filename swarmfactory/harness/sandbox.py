@@ -9,55 +9,21 @@ contender is timed it is frozen (SIGSTOP), so its idle threads cannot spin on th
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import os
-import resource
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-import weakref
 
 from swarmfactory import lifecycle
 from swarmfactory.harness import protocol
 from swarmfactory.harness.isolation import Containment
-from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.outcome import Outcome, Rejected
 
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
              "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "SWARMFACTORY_CACHE")
-CLONE_NEWNET = 0x40000000
-_LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def kill_all() -> None:
-    """Kill every live worker and candidate process (an interrupted run must not leave kernels
-    spinning)."""
-    from swarmfactory.harness import candidate
-
-    with _LIVE_LOCK:
-        workers = list(_LIVE)
-    for w in workers:
-        w.kill()
-    candidate.kill_all()
-    import sys
-
-    gpu = sys.modules.get("swarmfactory.harness.gpu")  # loaded only where a GPU problem ran
-    if gpu is not None:
-        gpu.kill_all()
 
 
 def worker_env(tmpdir: str) -> dict[str, str]:
@@ -70,32 +36,20 @@ def worker_env(tmpdir: str) -> dict[str, str]:
     return env
 
 
-atexit.register(lambda: kill_all())  # a frozen worker must not outlive the process that froze it
-
-
 # Set by a process whose workers are all started from its main thread (a Ray worker): workers
 # then die with it even when frozen (SIGSTOP) at the time, instead of staying stopped for ever.
 # Off elsewhere: the signal follows the *thread* that started the worker, not the process.
 DIE_WITH_PARENT = False
-PR_SET_PDEATHSIG = 1
 
 
-def _limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool, fsize: int):
-    die_with_parent = DIE_WITH_PARENT
-
-    def apply():
-        if die_with_parent:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if isolate_net:
-            try:
-                ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
-            except Exception:
-                pass  # not permitted here: the static checks still forbid sockets
-    return apply
+def worker_limits(mem_bytes: int, cpu_seconds: int, isolate_net: bool, file_bytes: int,
+                  cpus: list[int] | None = None) -> lifecycle.Limits:
+    """A worker's limits (a GPU worker's too): no core dumps, a network namespace of its own
+    where permitted (the static checks still forbid sockets), death with its parent where
+    ``DIE_WITH_PARENT`` says so."""
+    return lifecycle.Limits(mem_bytes=mem_bytes, cpu_seconds=cpu_seconds, file_bytes=file_bytes, core_bytes=0,
+                            cpus=tuple(cpus) if cpus else None, own_network=isolate_net,
+                            die_with_parent=DIE_WITH_PARENT)
 
 
 class Worker:
@@ -107,14 +61,8 @@ class Worker:
         allow large files (its precompiled headers); secrets are still stripped."""
         self.tmpdir = tempfile.mkdtemp(prefix="sf-worker-")
         self.cpus = sorted(cpus) if cpus else sorted(os.sched_getaffinity(0))
-        self.frozen = False
         p_in_r, p_in_w = os.pipe()
         p_out_r, p_out_w = os.pipe()
-        self.log_path = os.path.join(self.tmpdir, "worker.log")
-        log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "swarmfactory.harness.worker", str(p_in_r), str(p_out_w)]
-        if self.cpus != sorted(os.sched_getaffinity(0)) and shutil.which("taskset"):
-            cmd = ["taskset", "-c", ",".join(map(str, self.cpus))] + cmd
         env = worker_env(self.tmpdir)
         if trusted:
             for k in ("HOME", "TMPDIR"):
@@ -122,23 +70,19 @@ class Worker:
                     env[k] = os.environ[k]
                 else:
                     env.pop(k)
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmpdir,
-            env=env, pass_fds=(p_in_r, p_out_w), start_new_session=True,
-            preexec_fn=_limits(int(mem_gb * (1 << 30)), cpu_seconds, isolate_net,
-                               (16 << 30) if trusted else (64 << 20)))
-        log.close()
+        # a cgroup of its own where the machine allows: its CPU pressure is the contention a
+        # baseline's timing suffered (swarmfactory/contention.py), and it is killed whole; no
+        # token fallback (a trusted worker keeps our own TMPDIR: no token tells it from us)
+        self.containment = Containment(None, use_cgroup=True)
+        self.proc = lifecycle.Child(
+            [sys.executable, "-m", "swarmfactory.harness.worker", str(p_in_r), str(p_out_w)],
+            "baseline worker" if trusted else "worker", env=env, cwd=self.tmpdir,
+            limits=worker_limits(int(mem_gb * (1 << 30)), cpu_seconds, isolate_net,
+                                 (16 << 30) if trusted else (64 << 20), self.cpus),
+            log=os.path.join(self.tmpdir, "worker.log"), pass_fds=(p_in_r, p_out_w), containment=self.containment)
         os.close(p_in_r)
         os.close(p_out_w)
         self.fd_w, self.fd_r = p_in_w, p_out_r
-        # a cgroup of its own where the machine allows: its CPU pressure is the contention a
-        # baseline's timing suffered (swarmfactory/contention.py), and it is killed whole
-        self.containment = Containment(self.tmpdir, use_cgroup=True)
-        self.containment.adopt(self.proc.pid)
-        cg = self.containment.cgroup
-        lifecycle.adopt(self.proc.pid, "baseline worker" if trusted else "worker", str(cg) if cg else None)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
 
     @property
     def pressure_file(self) -> str | None:
@@ -148,20 +92,10 @@ class Worker:
 
     def freeze(self) -> None:
         """Stop the whole process while others are timed (its threads cannot spin meanwhile)."""
-        if not self.frozen and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            self.frozen = True
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline and _state(self.proc.pid) not in ("T", "Z", "X", ""):
-                time.sleep(20e-6)  # the stop lands within microseconds; wait for it
+        self.proc.freeze()
 
     def thaw(self) -> None:
-        if self.frozen:
-            self.frozen = False
-            try:
-                os.kill(self.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        self.proc.thaw()
 
     def request(self, msg: dict, timeout: float, stage: str) -> dict:
         """Send ``msg``; return the reply or raise Rejected (crash / timeout / error)."""
@@ -198,27 +132,10 @@ class Worker:
         return Rejected(Outcome.CRASHED, detail, stage, exit_code=code)
 
     def log_tail(self, n: int = 400) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read()[-n:].decode(errors="replace").strip()
-        except OSError:
-            return ""
+        return self.proc.log_tail(n)
 
     def kill(self) -> None:
-        self.thaw()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.containment.cgroup is not None:  # (its token fallback would match our own TMPDIR)
-            self.containment.close()
-        if self.proc.returncode is not None:
-            lifecycle.release(self.proc.pid)
+        self.proc.close(timeout=10)
 
     def close(self) -> None:
         self.thaw()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,21 +31,20 @@ class LocalEngine:
         ``max_batch`` x ``max_seq_len`` positions (fp32 KV: about 380 MB per sequence at 8,192 for SmolLM2)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.log = tempfile.NamedTemporaryFile(prefix="sf-engine-", suffix=".log", delete=False)
+        fd, self.log_path = tempfile.mkstemp(prefix="sf-engine-", suffix=".log")
+        os.close(fd)
         cmd = [sys.executable, "-m", "swarmfactory.cli", "engine", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--max-batch", str(max_batch), "--max-seq-len", str(max_seq_len)]
         if threads:
             cmd += ["--threads", str(threads)]
-        if cpus and shutil.which("taskset"):
-            cmd = ["taskset", "-c", ",".join(map(str, cpus))] + cmd
         env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        lifecycle.adopt(self.proc.pid, "local LLM engine")
+        self.proc = lifecycle.Child(cmd, "local LLM engine", env=env,
+                                    limits=lifecycle.Limits(cpus=tuple(cpus) if cpus else None), log=self.log_path)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the local engine exited ({self.proc.returncode}); see {self.log.name}")
+                self.proc.close()
+                raise RuntimeError(f"the local engine exited ({self.proc.returncode}); see {self.log_path}")
             try:
                 if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
                     return
@@ -55,17 +52,11 @@ class LocalEngine:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"the local engine did not become healthy in {timeout_s:.0f}s; see {self.log.name}")
+        raise RuntimeError(f"the local engine did not become healthy in {timeout_s:.0f}s; see {self.log_path}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        lifecycle.release(self.proc.pid)
+        """SIGTERM (it shuts down cleanly), SIGKILL to its process group past 10 s."""
+        self.proc.stop(grace=10)
 
     def __enter__(self):
         return self

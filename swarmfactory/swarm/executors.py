@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from swarmfactory.harness.evaluate import Harness
-from swarmfactory.harness.outcome import Verdict
+from swarmfactory.outcome import Verdict
 from swarmfactory.problems.spec import Case, Problem
 
 
@@ -51,10 +51,10 @@ class LocalExecutor(Executor):
 
     def shutdown(self, wait: bool = True) -> None:
         if not wait:
-            from swarmfactory.harness.sandbox import kill_all
+            from swarmfactory import lifecycle
 
             self.pool.shutdown(wait=False, cancel_futures=True)
-            kill_all()
+            lifecycle.kill_all()
         self.pool.shutdown(wait=wait)
 
 

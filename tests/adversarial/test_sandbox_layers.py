@@ -30,7 +30,7 @@ import pytest
 
 from swarmfactory.harness import isolation
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.harness.outcome import Outcome
+from swarmfactory.outcome import Outcome
 from swarmfactory.problems import load_problem
 
 HERE = Path(__file__).parent
@@ -379,16 +379,15 @@ def _task_states(pid: int) -> dict[int, str]:
 
 
 def test_every_candidate_thread_is_frozen_while_the_baseline_is_timed(harness, monkeypatch):
-    from swarmfactory.harness import candidate, rounds
+    from swarmfactory import lifecycle
+    from swarmfactory.harness import rounds
 
     seen: list[dict[int, str]] = []
     real = rounds.sample
 
     def spy(worker, *args, **kwargs):
-        with candidate._LIVE_LOCK:
-            procs = list(candidate._LIVE.values())
-        for proc in procs:
-            if proc.status is None:
+        for proc in lifecycle.children():
+            if proc.what == "candidate driver" and proc.status is None:
                 seen.append(_task_states(proc.pid))
         return real(worker, *args, **kwargs)
 

@@ -9,6 +9,7 @@ import textwrap
 import time
 
 from swarmfactory import lifecycle
+from swarmfactory.evidence.processes import ProcessLedger
 from swarmfactory.evidence.store import Store
 
 # A parent that starts two trusted workers (a torch import each), freezes one (SIGSTOP, as the
@@ -16,10 +17,11 @@ from swarmfactory.evidence.store import Store
 PARENT = textwrap.dedent("""
     import sys, time
     from swarmfactory import lifecycle
+    from swarmfactory.evidence.processes import ProcessLedger
     from swarmfactory.evidence.store import Store
     from swarmfactory.harness.sandbox import Worker
     if len(sys.argv) > 1:
-        lifecycle.record_in(Store(sys.argv[1]))
+        lifecycle.record_in(ProcessLedger(Store(sys.argv[1])))
     a, b = Worker(trusted=True), Worker(trusted=True)
     a.freeze()
     print(a.proc.pid, b.proc.pid, lifecycle.guard_pid(), flush=True)
@@ -64,10 +66,10 @@ def test_what_the_guard_missed_is_ended_from_the_store_by_pid_and_start_time(tmp
         assert process_tree.still_alive({running}, within=10) == set()
         time.sleep(1.0)
         assert process_tree.still_alive({frozen}, within=0) == {frozen}
-        ended = lifecycle.reap_recorded(Store(db))  # what the next run on this store does first
+        ended = lifecycle.reap_recorded(ProcessLedger(Store(db)))  # what the next run on this store does first
         assert [(r["pid"], r["what"]) for r in ended] == [(frozen, "baseline worker")]
         assert process_tree.still_alive({frozen, running}, within=10) == set()
-        assert lifecycle.reap_recorded(Store(db)) == []  # forgotten once ended
+        assert lifecycle.reap_recorded(ProcessLedger(Store(db))) == []  # forgotten once ended
     finally:
         for pid in (frozen, running):
             lifecycle.kill_tree(pid)
@@ -76,21 +78,19 @@ def test_what_the_guard_missed_is_ended_from_the_store_by_pid_and_start_time(tmp
 
 def test_a_live_owner_s_processes_and_a_reused_pid_are_left_alone(tmp_path):
     db = str(tmp_path / "e.db")
-    store = Store(db)
+    ledger = ProcessLedger(Store(db))
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        lifecycle.record_in(store)
+        lifecycle.record_in(ledger)
         lifecycle.adopt(sleeper.pid, "test sleeper")
-        assert lifecycle.reap_recorded(Store(db)) == []  # its owner (this process) is alive
+        assert lifecycle.reap_recorded(ProcessLedger(Store(db))) == []  # its owner (this process) is alive
         # a record whose start time no longer matches names another process now: never killed
-        from swarmfactory.evidence import processes
-
-        processes.record(store, sleeper.pid, "1", "stale", 1, "0", lifecycle.boot_id())
-        assert lifecycle.reap_recorded(Store(db)) == []
+        ledger.record(sleeper.pid, "1", "stale", 1, "0", lifecycle.boot_id())
+        assert lifecycle.reap_recorded(ProcessLedger(Store(db))) == []
         assert sleeper.poll() is None
     finally:
         lifecycle.release(sleeper.pid)
-        lifecycle.stop_recording(store)
+        lifecycle.stop_recording(ledger)
         sleeper.kill()
         sleeper.wait()
 
@@ -118,3 +118,76 @@ def test_kill_9_of_eval_mid_measurement_leaves_nothing(tmp_path, process_tree):
         assert process_tree.still_alive(tree, within=10) == set()
     finally:
         proc.kill()
+
+
+# -- the one child process class ---------------------------------------------------------------------
+SHOW = ("import os, resource, sys; r = lambda w: resource.getrlimit(w)[0]; "
+        "print(r(resource.RLIMIT_AS), r(resource.RLIMIT_CPU), r(resource.RLIMIT_FSIZE), r(resource.RLIMIT_CORE), "
+        "sorted(os.sched_getaffinity(0)), os.getpgid(0) == os.getpid() == os.getsid(0), sys.stdin.read() == '')")
+
+
+def test_a_child_has_its_limits_its_own_session_and_is_released_when_closed(tmp_path):
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    limits = lifecycle.Limits(mem_bytes=2 << 30, cpu_seconds=60, file_bytes=1 << 20, core_bytes=0, cpus=(cpu,))
+    child = lifecycle.Child([sys.executable, "-S", "-c", SHOW], "test child", limits=limits,
+                            log=str(tmp_path / "child.log"))
+    try:
+        assert lifecycle.adopted()[child.pid] == "test child" and child in lifecycle.children()
+        assert child.wait(timeout=30) == 0
+        assert child.log_tail().split() == [str(2 << 30), "60", str(1 << 20), "0", f"[{cpu}]", "True", "True"]
+    finally:
+        child.close()
+    assert child.pid not in lifecycle.adopted() and child not in lifecycle.children()
+
+
+# A parent that starts a child with a grandchild in its process group and a frozen child, ends
+# them with kill_all while it lives on (the guard does nothing yet), and says what it saw.
+KILL_ALL = textwrap.dedent("""
+    import signal, sys, time
+    from swarmfactory import lifecycle
+    running = lifecycle.Child(["sh", "-c", "sleep 60 & sleep 60"], "test group")
+    frozen = lifecycle.Child(["sleep", "60"], "test frozen")
+    frozen.freeze()
+    print(running.pid, frozen.pid, flush=True)
+    sys.stdin.readline()
+    lifecycle.kill_all()
+    print(running.returncode == frozen.returncode == -signal.SIGKILL, frozen.frozen,
+          sorted(lifecycle.adopted()), len(lifecycle.children()), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_kill_all_ends_frozen_and_running_children_with_their_process_groups(process_tree):
+    proc = subprocess.Popen([sys.executable, "-c", KILL_ALL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        running, frozen = (int(x) for x in proc.stdout.readline().split())
+        assert _state(frozen) == "T"
+        deadline = time.monotonic() + 10
+        while not process_tree.descendants(running) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the shell starts its background sleep
+        tree = process_tree.descendants(running) | {running, frozen}
+        assert len(tree) >= 3
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().split() == ["True", "False", "[]", "0"]
+        assert process_tree.still_alive(tree, within=10) == set()
+        assert proc.poll() is None  # ended by kill_all, not by the guard
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_child_that_stops_itself_is_told_from_one_that_ended_and_its_pipe_carries_its_lines():
+    code = ("import os, signal, sys; print('{\"event\": \"ready\"}', flush=True); "
+            "os.kill(os.getpid(), signal.SIGSTOP); sys.exit(3)")
+    child = lifecycle.Child([sys.executable, "-S", "-c", code], "test server", log=subprocess.PIPE)
+    try:
+        assert child.wait_stop() is True
+        assert child.stdout.readline() == '{"event": "ready"}\n'
+        assert child.poll() is None
+        os.kill(child.pid, signal.SIGCONT)
+        assert child.wait_stop() is False
+        assert child.returncode == 3 and os.WIFEXITED(child.status)
+    finally:
+        child.close()
