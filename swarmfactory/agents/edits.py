@@ -1,9 +1,13 @@
 """Turning a model's answer into kernel source: a full rewrite in a fenced block, or
-SEARCH/REPLACE edits applied to the parent. Failures are typed so they can be recorded."""
+SEARCH/REPLACE edits applied to the parent. Failures are typed so they can be recorded. What a
+backend's source looks like (its fences, what defines the kernel) is its language record
+(``Backend.language``)."""
 
 from __future__ import annotations
 
 import re
+
+from swarmfactory.backends import get_backend
 
 EDIT = re.compile(r"<{5,9} SEARCH\s*?\n(.*?)\n?={5,9}\s*?\n(.*?)\n?>{5,9} REPLACE", re.S)
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
@@ -17,13 +21,10 @@ class EditError(Exception):
         self.kind = kind
 
 
-FENCE_LANGS = {"c": ("", "c", "cpp", "c++", "h"), "triton": ("", "python", "py", "triton"),
-               "cuda": ("", "cuda", "cu", "cpp", "c++", "c"), "ptx": ("", "ptx", "asm")}
-
-
 def extract_source(answer: str, parent: str | None, symbol: str, backend: str = "c") -> tuple[str, str]:
-    """Returns (source, how) with how in {"rewrite", "edit"}; raises EditError. ``backend`` says
-    which fenced blocks are source (```c, ```python, ```cuda, ```ptx)."""
+    """Returns (source, how) with how in {"rewrite", "edit"}; raises EditError. ``backend``: what
+    the source is written in; its language says which fenced blocks are source (```c,
+    ```python...)."""
     text = (answer or "").strip()
     if not text:
         raise EditError("empty", "the model returned an empty answer")
@@ -40,16 +41,14 @@ def extract_source(answer: str, parent: str | None, symbol: str, backend: str = 
             else:
                 raise EditError("apply_error", f"SEARCH block {i} of {len(edits)} does not occur in the parent")
         return src, "edit"
-    langs = FENCE_LANGS.get(backend, FENCE_LANGS["c"])
-    blocks = [b for lang, b in FENCE.findall(text) if lang.lower() in langs]
-    pattern = rf"\.entry\s+{re.escape(symbol)}\s*\(" if backend == "ptx" else rf"\b{re.escape(symbol)}\s*\("
-    blocks = [b for b in blocks if re.search(pattern, b)]
+    language = get_backend(backend).language
+    blocks = [b for tag, b in FENCE.findall(text) if tag.lower() in language.fences]
+    blocks = [b for b in blocks if language.defines(b, symbol)]
     if blocks:
         return max(blocks, key=len).strip() + "\n", "rewrite"
-    if backend == "c" and re.search(rf"\bvoid\s+{re.escape(symbol)}\s*\(", text) and "#include" in text:
+    if language.is_whole_file(text, symbol):
         return text + "\n", "rewrite"  # an unfenced but complete file
-    what = {"c": "C", "triton": "Python (Triton)", "cuda": "CUDA", "ptx": "PTX"}.get(backend, backend)
-    raise EditError("parse_error", f"no fenced {what} block defining {symbol}() and no SEARCH/REPLACE edit")
+    raise EditError("parse_error", f"no fenced {language.name} block defining {symbol}() and no SEARCH/REPLACE edit")
 
 
 def _loose(s: str) -> str:

@@ -25,14 +25,17 @@ import jinja2
 
 from swarmfactory.agents.base import Agent, Board, Entry, Proposal
 from swarmfactory.agents.edits import EditError, extract_source
+from swarmfactory.backends import get_backend
 from swarmfactory.evidence.store import content_hash
-from swarmfactory.hardware import cpu_fingerprint
 from swarmfactory.llm.client import ChatClient, CostCapReached, LLMError
+from swarmfactory.outcome import MEASURED
 from swarmfactory.redact import redact
 
 PROMPTS = Path(__file__).with_name("prompts")
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(PROMPTS)), undefined=jinja2.StrictUndefined,
                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+# `{{ problem.backend | fence }}`: the tag of the fenced blocks the prompts show that backend's sources in
+_ENV.filters["fence"] = lambda backend: get_backend(backend).language.fence
 REPAIRABLE = ("build_failed", "wrong")
 MAX_FAILURES = 3       # consecutive failed calls of any kind (refused, timed out, HTTP errors) before the agent stops
 MAX_FATAL = MAX_FAILURES  # the engine factory's designer: unrecoverable errors in a row before it stops
@@ -102,29 +105,23 @@ class LLMAgent(Agent):
     def _next_request(self, board: Board):
         """(messages, parent id, parent source, operator, problem, generation) or None."""
         p = board.problem
-        if p.backend == "c":
-            system = render_prompt("system.md.j2", arch=cpu_fingerprint()["arch"],
-                                   features=", ".join(cpu_fingerprint()["features"]) or "baseline ISA",
-                                   signature=p.c_signature)
-        else:  # a prompt per GPU backend: Triton, CUDA C++, PTX
-            from swarmfactory.backends.gputools import target_arch
-
-            system = render_prompt(f"system.{p.backend}.md.j2", arch=target_arch(), symbol=p.name,
-                                   signature=p.py_signature if p.backend == "triton" else p.c_signature)
+        backend = get_backend(p.backend)  # its language record: the system prompt, its target, the ABI
+        system = render_prompt(backend.language.system_prompt, **backend.target(), symbol=p.name,
+                               signature=backend.signature(p))
         failed = self._to_repair(board)
         if failed is not None and self.store is not None:
             cand = self.store.candidate(failed.candidate_id)
             self.repaired.add(failed.candidate_id)
             user = render_prompt("repair.md.j2", problem=p, reference_source=self._reference(p),
-                                 outcome=failed.outcome, source=self._clip(cand["source"]),
+                                 outcome=failed.outcome, source=self._clip(cand.source),
                                  detail=failed.detail[:800 if self.compact else 3000])
             return ([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                    failed, cand["source"], "repair", p)
+                    failed, cand.source, "repair", p)
         parent = board.champion or next(iter(board.elites(1)), None)
         parent_src = None
         if parent is not None and self.store is not None:
             cand = self.store.candidate(parent.candidate_id)
-            parent_src = cand["source"] if cand else None
+            parent_src = cand.source if cand else None
         if parent_src is None and p.template is not None:
             parent_src, parent = p.render(), None
         user = render_prompt("rewrite.md.j2", problem=p, reference_source=self._reference(p),
@@ -191,8 +188,8 @@ class LLMAgent(Agent):
         if self.store is None or not candidate_id:
             return {}
         for ev in reversed(self.store.evaluations(candidate_id=candidate_id, this_hardware=True)):
-            if ev["outcome"] in ("faster", "not_faster") and ev["shapes"]:
-                return {json.dumps(dict(s["shape"]), sort_keys=True): s for s in ev["shapes"]}
+            if ev.outcome in MEASURED and ev.shapes:
+                return {json.dumps(dict(s["shape"]), sort_keys=True): s for s in ev.shapes}
         return {}
 
     # -- in the background ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Backends by name: an in-tree map plus the ``swarmfactory.backends`` entry-point group.
 
 Modules are imported only when a backend is asked for, so an optional dependency (Triton, CUDA)
-loads only when used.
+loads only when used. A backend is its static check, its build, the runner of what it built and
+its language (base.py); the harness and the agents take all of that from here.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import importlib
 from importlib.metadata import entry_points
 from pathlib import PurePath
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError, MissingTool
+from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError, Language, MissingTool
 
 _IN_TREE = {"c": "swarmfactory.backends.c:CBackend", "triton": "swarmfactory.backends.triton:TritonBackend",
             "cuda": "swarmfactory.backends.cuda:CUDABackend", "ptx": "swarmfactory.backends.ptx:PTXBackend"}
 _INSTANCES: dict[str, Backend] = {}
 
-__all__ = ["Artifact", "Backend", "BuildError", "CheatError", "MissingTool", "get_backend", "backend_names",
-           "source_backend"]
+__all__ = ["Artifact", "Backend", "BuildError", "CheatError", "Language", "MissingTool", "get_backend",
+           "backend_names", "source_backend"]
 
 
 def backend_names() -> list[str]:

@@ -1,8 +1,10 @@
-"""C backend: gcc (or $CC) with -O3 -march=native (or the masked level) -fopenmp, loaded with ctypes.
+"""C backend: gcc (or $CC) with -O3 -march=native (or the masked level) -fopenmp, into a shared
+library the sandboxed C driver loads (runner ``driver``).
 
 Builds are cached by a key over the source, the flags, the compiler's version and the CPU, so the
 same candidate is compiled once per machine. The compiler runs in a subprocess with a timeout and
-CPU/file-size limits; a build never executes candidate code.
+CPU/file-size limits; a build never executes candidate code. The static checks (the source, the
+preprocessed source, the assembly) are cstatic.py's; the built ELF is read by elfcheck.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError
+from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError, Language
+from swarmfactory.backends.cstatic import check_assembly, check_preprocessed, check_source
 from swarmfactory.backends.elfcheck import load_time_code
 from swarmfactory.hardware import cpu_fingerprint, march_flags
 
@@ -87,9 +90,19 @@ def _excerpt(log: str, limit: int = 1500) -> str:
 class CBackend(Backend):
     name = "c"
     extensions = (".c",)
+    runner = "driver"
+    language = Language(name="C", fence="c", fences=("", "c", "cpp", "c++", "h"), system_prompt="system.md.j2",
+                        whole_file=(r"#include", r"\bvoid\s+{symbol}\s*\("))
 
     def __init__(self, cc: str | None = None):
         self.cc = cc or os.environ.get("CC") or "gcc"
+
+    def check(self, source: str) -> str | None:
+        return check_source(source)
+
+    def target(self) -> dict[str, str]:
+        cpu = cpu_fingerprint()
+        return {"arch": cpu["arch"], "features": ", ".join(cpu["features"]) or "baseline ISA"}
 
     @cache
     def versions(self) -> dict[str, str]:
@@ -127,10 +140,10 @@ class CBackend(Backend):
         ``prototype`` is declared ahead of the source (``-include``), so a kernel whose
         definition disagrees with the problem's ABI fails to build instead of crashing.
         ``checks``: what the compiler produced (the preprocessed source, the assembly) is
-        inspected by ``harness.static``; a forbidden construct raises CheatError and the
-        library is not cached.
+        inspected by ``cstatic``; a forbidden construct raises CheatError and the library is
+        not cached.
         ``load_checks``: the built file is refused (CheatError) when loading it would run any of
-        its code (harness/elfcheck.py); tests switch it off only to prove the sandbox's next
+        its code (elfcheck.py); tests switch it off only to prove the sandbox's next
         layer holds on its own.
         Whatever the source includes must be a header of the compiler's system directories
         (BuildError naming the file otherwise), and the compiler's words about any other file
@@ -170,8 +183,6 @@ class CBackend(Backend):
             if not any(line.split()[-1] == symbol for line in syms.splitlines() if line.split()):
                 raise BuildError(f"the library does not export `{symbol}` (is it static or misnamed?)", log)
             if checks:
-                from swarmfactory.harness.static import check_assembly, check_preprocessed
-
                 pre = next(Path(tmp).glob("*.i"), None)
                 asm = next(Path(tmp).glob("*.s"), None)
                 reason = (check_preprocessed(pre.read_text(errors="replace"), "kernel.c") if pre else None) \
@@ -218,13 +229,3 @@ class CBackend(Backend):
         if proc.returncode != 0:
             log = self._log(proc, src, tmp)
             raise BuildError("compile error:\n" + _excerpt(log), log)
-
-    @staticmethod
-    def load(artifact_path: str, symbol: str, argtypes: list):
-        import ctypes
-
-        lib = ctypes.CDLL(artifact_path, mode=ctypes.RTLD_LOCAL)
-        fn = getattr(lib, symbol)
-        fn.argtypes = argtypes
-        fn.restype = None
-        return fn

@@ -1,5 +1,6 @@
 """CUDA C++ backend: NVRTC compiles the source to a cubin for the target SM (no nvcc, no host
-compiler); on a device the cubin is loaded through the driver API in the harness worker.
+compiler); on a device the GPU worker (gpu_worker.py) loads the cubin through the driver API and
+launches it with the geometry the source declares.
 
 NVRTC needs no GPU, so a CPU machine gives `build_failed` with NVRTC's log for real; verification
 and timing need a device. The kernel must be ``extern "C" __global__ void <problem name>(...)``.
@@ -13,10 +14,10 @@ import os
 import re
 from functools import cache
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError, MissingTool
-from swarmfactory.harness.gpu_worker import parse_launch
+from swarmfactory.backends.base import Artifact, BuildError, Language, MissingTool
 from swarmfactory.backends.c import cache_dir
-from swarmfactory.backends.gputools import find_nvrtc, target_arch
+from swarmfactory.backends.gpu_worker import parse_launch
+from swarmfactory.backends.gputools import NvidiaBackend, find_nvrtc, target_arch
 
 
 @cache
@@ -61,9 +62,11 @@ def nvrtc_compile(source: str, arch: str, options: tuple[str, ...] = ()) -> tupl
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-class CUDABackend(Backend):
+class CUDABackend(NvidiaBackend):
     name = "cuda"
     extensions = (".cu",)
+    language = Language(name="CUDA", fence="cuda", fences=("", "cuda", "cu", "cpp", "c++", "c"),
+                        system_prompt="system.cuda.md.j2")
 
     @cache
     def versions(self) -> dict[str, str]:
@@ -75,7 +78,7 @@ class CUDABackend(Backend):
         return {"nvrtc": f"{major.value}.{minor.value}", "arch": target_arch()}
 
     def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
-              prototype: str | None = None, checks: bool = False) -> Artifact:
+              prototype: str | None = None, checks: bool = False, load_checks: bool = True) -> Artifact:
         if not re.search(rf'extern\s+"C"[^;{{]*__global__[^;{{]*\b{re.escape(symbol)}\s*\(', source):
             raise BuildError(f'no `extern "C" __global__ void {symbol}(...)` in the source')
         try:
@@ -94,8 +97,3 @@ class CUDABackend(Backend):
         tmp.write_bytes(cubin)
         os.replace(tmp, out)
         return Artifact(str(out), symbol, key, log=log, info={"arch": arch, "launch": launch})
-
-    @staticmethod
-    def load(artifact_path: str, symbol: str, argtypes: list):
-        raise NotImplementedError("a cubin needs its launch geometry (Artifact.info['launch']): it loads "
-                                  "in the harness worker through gpu_worker.load_cubin(path, symbol, launch)")

@@ -1,5 +1,6 @@
-"""Where the NVIDIA compilers are: ``ptxas`` and NVRTC from $CUDA_HOME, PATH or the NVIDIA PyPI
-wheels (``nvidia-cuda-nvcc-cu12``, ``nvidia-cuda-nvrtc-cu12``; Triton also bundles a ptxas).
+"""What the NVIDIA backends (triton, cuda, ptx) share: their runner and target, and where the
+NVIDIA compilers are: ``ptxas`` and NVRTC from $CUDA_HOME, PATH or the NVIDIA PyPI wheels
+(``nvidia-cuda-nvcc-cu12``, ``nvidia-cuda-nvrtc-cu12``; Triton also bundles a ptxas).
 None of them needs a GPU: a CPU machine builds (and rejects) PTX and CUDA C++ for real."""
 
 from __future__ import annotations
@@ -9,6 +10,22 @@ import os
 import shutil
 import sysconfig
 from pathlib import Path
+
+from swarmfactory.backends.base import Backend
+
+
+class NvidiaBackend(Backend):
+    """A backend for NVIDIA GPUs: its artifacts run in a Python worker process per candidate
+    (``backends/gpu_worker.py``, started by harness/gpu.py), built for the SM ``target_arch``
+    names."""
+
+    runner = "gpu"
+    # what runs this backend's artifacts on a machine without a GPU, as a verdict's evidence names
+    # it; None: nothing does, so verification there ends at the build (`needs_device`)
+    interpreter: str | None = None
+
+    def target(self) -> dict[str, str]:
+        return {"arch": target_arch()}
 
 
 def target_arch() -> str:

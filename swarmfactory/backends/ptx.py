@@ -1,5 +1,6 @@
 """PTX backend: raw PTX assembled by ``ptxas`` into a cubin for the target SM; on a device the
-cubin is loaded through the CUDA driver API (cuModuleLoadData) in the harness worker.
+GPU worker (gpu_worker.py) loads the cubin through the CUDA driver API (cuModuleLoadData) and
+launches it with the geometry the source declares.
 
 Without a GPU the build is still real: ``ptxas`` from the CUDA toolkit or the NVIDIA wheels
 rejects bad PTX with its own message (`build_failed`); verification and timing need a device.
@@ -16,10 +17,10 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError, MissingTool
-from swarmfactory.harness.gpu_worker import parse_launch
+from swarmfactory.backends.base import Artifact, BuildError, Language, MissingTool
 from swarmfactory.backends.c import BUILD_TIMEOUT_S, _limit_compiler, cache_dir
-from swarmfactory.backends.gputools import find_ptxas, target_arch
+from swarmfactory.backends.gpu_worker import parse_launch
+from swarmfactory.backends.gputools import NvidiaBackend, find_ptxas, target_arch
 
 
 def _excerpt(log: str, limit: int = 1500) -> str:
@@ -27,9 +28,11 @@ def _excerpt(log: str, limit: int = 1500) -> str:
     return "\n".join(lines[:12])[:limit]
 
 
-class PTXBackend(Backend):
+class PTXBackend(NvidiaBackend):
     name = "ptx"
     extensions = (".ptx",)
+    language = Language(name="PTX", fence="ptx", fences=("", "ptx", "asm"), system_prompt="system.ptx.md.j2",
+                        definition=r"\.entry\s+{symbol}\s*\(")
 
     @cache
     def versions(self) -> dict[str, str]:
@@ -40,7 +43,7 @@ class PTXBackend(Backend):
         return {"ptxas": (out.strip().splitlines() or ["unknown"])[-1], "arch": target_arch()}
 
     def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
-              prototype: str | None = None, checks: bool = False) -> Artifact:
+              prototype: str | None = None, checks: bool = False, load_checks: bool = True) -> Artifact:
         if not re.search(rf"\.entry\s+{re.escape(symbol)}\s*\(", source):
             raise BuildError(f"no `.visible .entry {symbol}(...)` in the PTX")
         try:
@@ -72,8 +75,3 @@ class PTXBackend(Backend):
                 raise BuildError("ptxas error:\n" + _excerpt(log), log)
             os.replace(tmp_out, out)
         return Artifact(str(out), symbol, key, log=log, info={"arch": arch, "launch": launch})
-
-    @staticmethod
-    def load(artifact_path: str, symbol: str, argtypes: list):
-        raise NotImplementedError("a cubin needs its launch geometry (Artifact.info['launch']): it loads "
-                                  "in the harness worker through gpu_worker.load_cubin(path, symbol, launch)")

@@ -4,9 +4,9 @@ named after the problem, taking the problem's args in order (torch tensors and P
 ``build`` never runs candidate code: it parses the module (a syntax error is `build_failed`),
 checks the launcher's signature against the problem's and that every ``tl.X`` it names exists in
 this Triton, and stores the source under a key over the source and the Triton version. Triton's
-own compilation happens at the first launch, inside the harness worker (harness/gpu_worker.py);
-a compile error there is reported as `build_failed` too. ``load`` imports the module (in the
-worker only).
+own compilation happens at the first launch, inside the GPU worker (gpu_worker.py, which imports
+the module); a compile error there is reported as `build_failed` too. Without a GPU the worker
+runs the kernels under Triton's interpreter. The static check is pystatic.py's.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import hashlib
 import os
 from functools import cache
 
-from swarmfactory.backends.base import Artifact, Backend, BuildError, MissingTool
+from swarmfactory.backends.base import Artifact, BuildError, Language, MissingTool
 from swarmfactory.backends.c import cache_dir
+from swarmfactory.backends.gputools import NvidiaBackend
+from swarmfactory.backends.pystatic import check_python
 
 
 def _tl_names() -> set[str] | None:
@@ -66,9 +68,19 @@ def check_module(source: str, symbol: str, prototype: str | None) -> None:
                 raise BuildError(f"triton.language has no `{node.attr}` (kernel.py line {node.lineno})")
 
 
-class TritonBackend(Backend):
+class TritonBackend(NvidiaBackend):
     name = "triton"
     extensions = (".py",)
+    interpreter = "Triton interpreter on CPU"
+    language = Language(name="Python (Triton)", fence="python", fences=("", "python", "py", "triton"),
+                        system_prompt="system.triton.md.j2")
+
+    def check(self, source: str) -> str | None:
+        return check_python(source)
+
+    def signature(self, problem) -> str:
+        """The launcher's ``def``: the problem's args in order, as torch tensors and Python scalars."""
+        return problem.py_signature
 
     @cache
     def versions(self) -> dict[str, str]:
@@ -80,7 +92,7 @@ class TritonBackend(Backend):
             return {"triton": "missing"}
 
     def build(self, source: str, symbol: str, flags: tuple[str, ...] | None = None,
-              prototype: str | None = None, checks: bool = False) -> Artifact:
+              prototype: str | None = None, checks: bool = False, load_checks: bool = True) -> Artifact:
         check_module(source, symbol, prototype)  # all but the `tl.X` names needs no Triton
         if self.versions()["triton"] == "missing":
             raise MissingTool("Triton is not installed here: pip install 'swarmfactory[gpu]' (or triton)")
@@ -93,12 +105,3 @@ class TritonBackend(Backend):
         tmp.write_text(source)
         os.replace(tmp, out)
         return Artifact(str(out), symbol, key)
-
-    @staticmethod
-    def load(artifact_path: str, symbol: str, argtypes: list):
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("sf_candidate", artifact_path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return getattr(module, symbol)

@@ -87,39 +87,53 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
     """The HTTP app. ``driver``: an AsyncEngine whose step loop the caller runs (see serve);
     without one, the app starts its own on a helper thread."""
     app = FastAPI(title="swarmfactory engine", docs_url=None, redoc_url=None)
-    state: dict[str, AsyncEngine] = {} if driver is None else {"ae": driver}
-    model_id = engine.model_path.stem
-    created = int(time.time())
+    api = _Api(engine, api_key, driver)
+    app.on_event("startup")(api.start)
+    app.on_event("shutdown")(api.stop)
+    app.exception_handler(ApiError)(_api_error)
+    app.get("/health")(api.health)
+    app.get("/v1/models")(api.models)
+    app.post("/v1/chat/completions")(api.chat)
+    app.post("/v1/completions")(api.completions)
+    return app
 
-    @app.on_event("startup")
-    async def _start():
-        if driver is None:
-            state["ae"] = AsyncEngine(engine)
-            state["ae"].start_thread()
 
-    @app.on_event("shutdown")
-    async def _stop():
-        state["ae"].shutdown()
+async def _api_error(request: Request, e: ApiError):
+    return _error(e.status, e.message, e.param, e.code)
 
-    def _guard(request: Request) -> None:
+
+class _Api:
+    """The routes of one app over one engine: the request checks (key, size, JSON, fields), the
+    handlers, and the answer, whole or streamed."""
+
+    def __init__(self, engine: Engine, api_key: str | None, driver: AsyncEngine | None):
+        self.engine, self.api_key, self.driver = engine, api_key, driver
+        self.ae: AsyncEngine | None = driver  # the step loop; the app's own from startup where no driver
+        self.model_id = engine.model_path.stem
+        self.created = int(time.time())
+
+    async def start(self):
+        if self.driver is None:
+            self.ae = AsyncEngine(self.engine)
+            self.ae.start_thread()
+
+    async def stop(self):
+        self.ae.shutdown()
+
+    def _guard(self, request: Request) -> None:
         # A plain check, not an HTTP middleware: Starlette's BaseHTTPMiddleware hides client
         # disconnects from the endpoint, and disconnects must free KV slots.
-        if api_key:
+        if self.api_key:
             auth = request.headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), api_key.encode()):
+            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
                 raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
             raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        return _error(e.status, e.message, e.param, e.code)
-
-    @app.get("/health")
-    async def health():
-        ae = state.get("ae")
+    async def health(self):
+        engine, ae = self.engine, self.ae
         ok = ae is not None and ae.alive
         body = {"status": "ok" if ok else "error", "running": engine.num_running,
                 "waiting": engine.num_waiting, "free_slots": engine.kv.free_slots,
@@ -127,14 +141,13 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
                 "kernel_audit": engine.kernel_audit()}
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        _guard(request)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                            "owned_by": "swarmfactory", "max_model_len": engine.max_seq_len}]}
+    async def models(self, request: Request):
+        self._guard(request)
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
+                                            "owned_by": "swarmfactory", "max_model_len": self.engine.max_seq_len}]}
 
-    async def _parse(request: Request, cls):
-        _guard(request)
+    async def _parse(self, request: Request, cls):
+        self._guard(request)
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
@@ -151,51 +164,50 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
             loc = ".".join(str(x) for x in err["loc"])
             raise ApiError(400, f"{loc}: {err['msg']}" if loc else err["msg"], loc or None) from None
 
-    def _params(req: _Common, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
+    def _params(self, req: _Common, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
         if req.n != 1:
             raise ApiError(400, "only n=1 is supported", "n")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 8 or any(not s for s in stop):
             raise ApiError(400, "stop must be at most 8 non-empty strings", "stop")
         if max_tokens is None:
-            max_tokens = max(1, engine.max_seq_len - len(prompt_ids))
+            max_tokens = max(1, self.engine.max_seq_len - len(prompt_ids))
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
                                 stop=tuple(stop), seed=req.seed, ignore_eos=req.ignore_eos)
         try:
-            engine.check_prompt(prompt_ids, params)
+            self.engine.check_prompt(prompt_ids, params)
         except RequestError as e:
             raise ApiError(400, str(e), "messages" if isinstance(req, ChatRequest) else "prompt",
                            "context_length_exceeded" if "exceeds" in str(e) else None) from None
         return params
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        req = await _parse(request, ChatRequest)
-        if not engine.tokenizer.has_chat_template:
+    async def chat(self, request: Request):
+        req = await self._parse(request, ChatRequest)
+        tokenizer = self.engine.tokenizer
+        if not tokenizer.has_chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
         msgs = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
         try:
-            text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
         except Exception as e:  # the template may reject a conversation (raise_exception)
             raise ApiError(400, f"chat template rejected the messages: {e}", "messages") from None
-        ids = engine.tokenizer.encode(text)
-        params = _params(req, ids, req.max_completion_tokens or req.max_tokens)
-        return await _respond(request, req, ids, params, chat=True)
+        ids = tokenizer.encode(text)
+        params = self._params(req, ids, req.max_completion_tokens or req.max_tokens)
+        return await self._respond(request, req, ids, params, chat=True)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        req = await _parse(request, CompletionRequest)
+    async def completions(self, request: Request):
+        req = await self._parse(request, CompletionRequest)
         p = req.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
                 raise ApiError(400, "only one prompt per request is supported", "prompt")
             p = p[0]
-        ids = engine.tokenizer.encode(p) if isinstance(p, str) else list(p)
-        params = _params(req, ids, req.max_tokens if req.max_tokens is not None else 16)
-        return await _respond(request, req, ids, params, chat=False)
+        ids = self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        params = self._params(req, ids, req.max_tokens if req.max_tokens is not None else 16)
+        return await self._respond(request, req, ids, params, chat=False)
 
-    async def _respond(request: Request, req: _Common, ids: list[int], params: SamplingParams, chat: bool):
-        ae = state["ae"]
+    async def _respond(self, request: Request, req: _Common, ids: list[int], params: SamplingParams, chat: bool):
+        ae = self.ae
         if not ae.alive:
             raise ApiError(503, "the engine has stopped; restart the server")
         h = ae.submit(ids, params)
@@ -203,12 +215,12 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
         obj = "chat.completion" if chat else "text_completion"
         if req.stream:
             usage = bool((req.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_stream(ae, h, rid, obj + (".chunk" if chat else ""), chat, usage),
+            return StreamingResponse(self._stream(ae, h, rid, obj + (".chunk" if chat else ""), chat, usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _collect(request, ae, h, rid, obj, chat)
+        return await self._collect(request, ae, h, rid, obj, chat)
 
-    async def _collect(request: Request, ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool):
+    async def _collect(self, request: Request, ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool):
         parts, last = [], None
         watch = asyncio.create_task(_watch_disconnect(request))
         try:
@@ -226,11 +238,12 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
         text = "".join(parts)
         choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": model_id, "choices": [choice],
-                "usage": _usage(last)}
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_id,
+                "choices": [choice], "usage": _usage(last)}
 
-    async def _stream(ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool, usage: bool):
+    async def _stream(self, ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool, usage: bool):
         created_at = int(time.time())
+        head = {"id": rid, "object": obj, "created": created_at, "model": self.model_id}
 
         def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
             if chat:
@@ -239,8 +252,7 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
                 c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
             else:
                 c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
-            return "data: " + json.dumps({"id": rid, "object": obj, "created": created_at, "model": model_id,
-                                          "choices": [c]}) + "\n\n"
+            return "data: " + json.dumps({**head, "choices": [c]}) + "\n\n"
 
         try:
             if chat:
@@ -258,13 +270,10 @@ def create_app(engine: Engine, api_key: str | None = None, driver: AsyncEngine |
             elif last is not None and last.finish_reason != "abort":
                 yield chunk(None if chat else "", last.finish_reason)
                 if usage:
-                    yield "data: " + json.dumps({"id": rid, "object": obj, "created": created_at,
-                                                 "model": model_id, "choices": [], "usage": _usage(last)}) + "\n\n"
+                    yield "data: " + json.dumps({**head, "choices": [], "usage": _usage(last)}) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:  # runs on normal end and when the client disconnects (generator closed)
             ae.abort(h)
-
-    return app
 
 
 def _usage(ev) -> dict:

@@ -4,10 +4,15 @@
 anything the candidate does. ``prepare`` (static, build, verify) may run on several threads at
 once; ``measure`` takes a lock so one measurement runs at a time on this machine.
 
-The candidate runs only in a fresh driver process per stage (candidate.py), locked down by a
-system-call allow-list and contained by a cgroup where the machine allows. The trusted side
-writes its inputs into shared memory, owns the clock, checks every output it reads back and
-decides the verdict. See docs/architecture.md for the attack classes and what stops each.
+One pipeline for every backend: the static check and the build are the backend's own
+(``Backend.check``, ``Backend.build``); verification and measurement are those of the line that
+runs what it built (``Backend.runner``): the sandboxed C driver here, or the GPU worker
+(harness/gpu.py).
+
+On the driver line the candidate runs only in a fresh driver process per stage (candidate.py),
+locked down by a system-call allow-list and contained by a cgroup where the machine allows. The
+trusted side writes its inputs into shared memory, owns the clock, checks every output it reads
+back and decides the verdict. See docs/architecture.md for the attack classes and what stops each.
 """
 
 from __future__ import annotations
@@ -17,21 +22,23 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from swarmfactory import lifecycle
-from swarmfactory.backends import BuildError, get_backend
-from swarmfactory.backends.base import Artifact, CheatError
+from swarmfactory.backends import Backend, BuildError, CheatError, MissingTool, get_backend
+from swarmfactory.backends.base import Artifact
+from swarmfactory.evidence.processes import ProcessLedger
 from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool
 from swarmfactory.harness.candidate import CandidateProcess
-from swarmfactory.harness.outcome import Outcome, Rejected, Verdict
+from swarmfactory.outcome import Outcome, Rejected, Verdict
 from swarmfactory.harness.roofline import known_or_measured, remeasure
 from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
-from swarmfactory.harness.static import check_source
 from swarmfactory.harness.rounds import run_rounds
 from swarmfactory.harness.timing import calibrate
 from swarmfactory.harness.verdicts import OBJECTIVES, between_spread, decide, min_clean_rounds
@@ -80,20 +87,32 @@ class HarnessConfig:
 class Prepared:
     problem: Problem
     source: str
+    backend: str  # what the source is written in: one of problem.backends
     artifact: Artifact | None = None
     cases_checked: int = 0
     rejected: Rejected | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
-    backend: str = ""  # what the source is written in: one of problem.backends ("" = problem.backend)
+
+
+@dataclass(frozen=True)
+class Line:
+    """The stages that depend on what runs a built artifact (``Backend.runner``): ``verify``
+    (the cases checked; Rejected on the first failure), ``measure`` (the verdict of a verified
+    candidate) and ``missing_tool`` (the rejection when this machine lacks the backend's tool,
+    given the backend's name)."""
+
+    verify: Callable[[Prepared, list[Case]], int]
+    measure: Callable[[Prepared], Verdict]
+    missing_tool: Callable[[str, MissingTool], Rejected]
 
 
 class Harness:
-    def __init__(self, config: HarnessConfig | None = None, store=None, backend: str = "c"):
+    def __init__(self, config: HarnessConfig | None = None, store=None):
         self.config = config or HarnessConfig()
         self.store = store
-        lifecycle.watch(store)  # what a dead run left on this store ends; ours are recorded
-        self.backend = get_backend(backend)
+        self.ledger = ProcessLedger(store) if store is not None else None
+        lifecycle.watch(self.ledger)  # what a dead run left on this store ends; ours are recorded
         self.baselines = BaselinePool(self.config.cpus("measure"))
         self._choices: dict[tuple, dict] = {}
         self._roofs: dict | None = None
@@ -109,39 +128,52 @@ class Harness:
         backend = backend or problem.backend
         if backend not in problem.backends:
             raise ValueError(f"{problem.name} takes {', '.join(problem.backends)} candidates, not {backend}")
-        if problem.backend != "c":  # Triton, CUDA, PTX: harness/gpu.py
-            from swarmfactory.harness import gpu
-
-            return gpu.prepare(self, problem, source, cases, backend)
         t0 = time.monotonic()
-        prep = Prepared(problem, source)
+        builder = get_backend(backend)
+        line = self._line(builder)
+        prep = Prepared(problem, source, backend)
         cases = cases if cases is not None else problem.seed_cases()
         try:
             if not source.strip():
                 raise Rejected(Outcome.BUILD_FAILED, "the source file is empty", "build")
-            reason = check_source(source) if self.config.static_checks else None
+            reason = builder.check(source) if self.config.static_checks else None
             if reason:
                 raise Rejected(Outcome.CHEATED, f"static check: {reason}", "static")
             try:
-                prep.artifact = self.backend.build(source, problem.name, prototype=problem.c_prototype,
-                                                   checks=self.config.static_checks,
-                                                   load_checks=self.config.load_checks)
+                prep.artifact = builder.build(source, problem.name, prototype=builder.signature(problem),
+                                              checks=self.config.static_checks,
+                                              load_checks=self.config.load_checks)
             except CheatError as exc:
                 raise Rejected(Outcome.CHEATED, f"static check: {exc}", "static") from None
+            except MissingTool as exc:  # not the candidate's doing: the checks without the tool passed
+                raise line.missing_tool(backend, exc) from None
             except BuildError as exc:
-                raise Rejected(Outcome.BUILD_FAILED, str(exc), "build", log=exc.log[-4000:]) from None
-            prep.cases_checked = self._verify(prep, cases)
+                raise _build_failed(exc) from None
+            prep.cases_checked = line.verify(prep, cases)
         except Rejected as rej:
             prep.rejected = rej
         prep.seconds = time.monotonic() - t0
         return prep
 
     def measure(self, prep: Prepared) -> Verdict:
-        """Interleaved timing against the baseline and the eager reference. One at a time."""
-        if prep.problem.backend != "c":
+        """The verdict of a verified candidate, from the line that runs its backend's artifacts.
+        One at a time."""
+        return self._line(get_backend(prep.backend)).measure(prep)
+
+    def _line(self, backend: Backend) -> Line:
+        """The stages for what runs ``backend``'s artifacts: "driver", this harness's sandboxed C
+        driver; "gpu", a worker process per candidate (harness/gpu.py, imported where a GPU
+        backend is first used)."""
+        if backend.runner == "driver":  # a compiler missing here is a failed build, as any other
+            return Line(self._verify, self._measure_on_driver, lambda _name, exc: _build_failed(exc))
+        if backend.runner == "gpu":
             from swarmfactory.harness import gpu
 
-            return gpu.measure(self, prep)
+            return Line(partial(gpu.verify, self), partial(gpu.measure, self), gpu.missing_tool)
+        raise ValueError(f"backend {backend.name!r} runs on {backend.runner!r}: no line of this harness does")
+
+    def _measure_on_driver(self, prep: Prepared) -> Verdict:
+        """Interleaved timing against the baseline and the eager reference, in a fresh driver."""
         t0 = time.monotonic()
         with self.measure_lock, self._off_measure_cpus():
             self.baselines.hold_none()  # the last measurement's workers may be evicted now
@@ -262,7 +294,7 @@ class Harness:
         trusted no-op library in a driver on the measure CPUs (the least of 30 exchanges). A
         candidate's process cannot influence it, so it is safe to subtract from sync samples."""
         if self._exchange_ns is None:
-            self._exchange_ns = measure_exchange(self.backend, self.config.cpus("measure"))
+            self._exchange_ns = measure_exchange(get_backend("c"), self.config.cpus("measure"))
         return self._exchange_ns
 
     def _remeasure_audited(self, prep: Prepared, first: Verdict) -> Verdict:
@@ -369,11 +401,15 @@ class Harness:
 
     def close(self) -> None:
         self.baselines.close()
-        if self.store is not None:
-            lifecycle.stop_recording(self.store)
+        if self.ledger is not None:
+            lifecycle.stop_recording(self.ledger)
 
 
 NOOP_KERNEL = "void sf_noop(void) {}\n"
+
+
+def _build_failed(exc: BuildError) -> Rejected:
+    return Rejected(Outcome.BUILD_FAILED, str(exc), "build", log=exc.log[-4000:])
 
 
 def measure_exchange(backend, cpus: list[int], n: int = 30) -> float:

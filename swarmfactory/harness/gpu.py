@@ -1,9 +1,11 @@
-"""The GPU harness (backends triton, cuda, ptx): static checks -> build -> verify -> measure.
+"""The GPU line of the harness: verification and measurement of the artifacts of the backends
+whose runner is ``gpu`` (triton, cuda, ptx); their static checks and builds are their own and run
+in the one pipeline of ``Harness.prepare`` (evaluate.py).
 
 Same rules as for C (MEASURING.md), with a Python worker instead of the C driver:
 
-* the candidate runs only in a fresh worker process (gpu_worker.py, started as a script so it
-  imports nothing of ours: no problem, no reference), in its own session and private temp dir,
+* the candidate runs only in a fresh worker process (backends/gpu_worker.py, started as a script
+  so it imports nothing of ours: no problem, no reference), in its own session and private temp dir,
   with an environment reduced to an allow-list and resource limits; a hang past the deadline
   kills its process group (`timed_out`), a death or an exception is `crashed`;
 * inputs are drawn here for every case (fresh seeds, several distributions) and sent as bytes;
@@ -13,9 +15,9 @@ Same rules as for C (MEASURING.md), with a Python worker instead of the C driver
   for C); an input changed is `cheated`; the first case of each shape runs twice (determinism);
 * a GPU problem's candidate may be Triton, CUDA C++ or PTX (``Problem.backends``; the caller
   says which, default ``problem.backend``);
-* without a GPU, Triton kernels run under ``TRITON_INTERPRET=1`` on the problem's small
-  ``interpret_shapes`` and the verdict is `verified` (not timed: never `faster`);
-  cuda/ptx candidates are built for real (ptxas, NVRTC) and end as `needs_device`; on a GPU their
+* without a GPU, a backend with an interpreter (Triton: ``TRITON_INTERPRET=1``) runs on the
+  problem's small ``interpret_shapes`` and the verdict is `verified` (not timed: never `faster`);
+  one without (cuda, ptx) is built for real (ptxas, NVRTC) and ends as `needs_device`; on a GPU a
   cubin is loaded and launched through the driver API with the geometry the source declares;
   where the backend's tool (Triton, NVRTC, ptxas) is missing, a candidate that passes the checks
   that run without it is `needs_device` too, the detail naming the tool (never `build_failed`).
@@ -33,29 +35,23 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import weakref
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from swarmfactory import lifecycle
-from swarmfactory.backends import BuildError, get_backend
-from swarmfactory.backends.base import CheatError, MissingTool
-from swarmfactory.harness.outcome import Outcome, Rejected, Verdict
-from swarmfactory.harness.pystatic import check_python
-from swarmfactory.harness.sandbox import _limits, worker_env
+from swarmfactory.backends import MissingTool, get_backend, gpu_worker
+from swarmfactory.outcome import Outcome, Rejected, Verdict
+from swarmfactory.harness.sandbox import worker_env, worker_limits
 from swarmfactory.harness.verify import CASES, compare, describe, order_cases
 from swarmfactory.problems.spec import NP_DTYPES, Case, Problem
 
-WORKER = Path(__file__).with_name("gpu_worker.py")
+WORKER = Path(gpu_worker.__file__)  # the GPU backends' runner, started as a script
 MAX_REPLY = 1 << 30
 LOAD_TIMEOUT_S = 120.0         # importing torch and triton, and the module
 INTERPRET_SLOWDOWN = 6.0      # a call's deadline under the interpreter: case_timeout_s times this
-_LIVE: "weakref.WeakSet[GpuWorker]" = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
 
 
 @cache
@@ -69,13 +65,6 @@ def cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:
         return False
-
-
-def kill_all() -> None:
-    with _LIVE_LOCK:
-        workers = list(_LIVE)
-    for w in workers:
-        w.kill()
 
 
 class GpuWorker:
@@ -93,18 +82,13 @@ class GpuWorker:
             env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
         to_r, self.fd_w = os.pipe()
         self.fd_r, from_w = os.pipe()
-        self.log = open(os.path.join(self.tmp, "worker.log"), "wb")
         # CUDA reserves far more address space than it uses: no RLIMIT_AS with a device
         mem = int(mem_gb * (1 << 30)) if interpret else resource_infinity()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER), str(to_r), str(from_w)], pass_fds=(to_r, from_w),
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, cwd=self.tmp, env=env,
-            start_new_session=True, preexec_fn=_limits(mem, 3600, True, 64 << 20))
-        lifecycle.adopt(self.proc.pid, "gpu worker")
+        self.proc = lifecycle.Child([sys.executable, "-I", str(WORKER), str(to_r), str(from_w)], "gpu worker",
+                                    env=env, cwd=self.tmp, limits=worker_limits(mem, 3600, True, 64 << 20),
+                                    log=os.path.join(self.tmp, "worker.log"), pass_fds=(to_r, from_w))
         os.close(to_r)
         os.close(from_w)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
 
     def request(self, head: dict, blobs: list[bytes], timeout: float, stage: str,
                 max_bytes: int = MAX_REPLY) -> tuple[dict, list[bytes]]:
@@ -166,23 +150,10 @@ class GpuWorker:
                         + (f"; its output ends: {tail}" if tail else ""), stage, exit_code=code)
 
     def log_tail(self, n: int = 400) -> str:
-        try:
-            self.log.flush()
-            return Path(self.log.name).read_bytes()[-n:].decode(errors="replace").strip()
-        except OSError:
-            return ""
+        return self.proc.log_tail(n)
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.proc.returncode is not None:
-            lifecycle.release(self.proc.pid)
+        self.proc.close(timeout=10)
 
     def close(self) -> None:
         self.kill()
@@ -191,12 +162,9 @@ class GpuWorker:
                 os.close(fd)
             except OSError:
                 pass
-        self.log.close()
         import shutil
 
         shutil.rmtree(self.tmp, ignore_errors=True)
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
 
     def __enter__(self):
         return self
@@ -297,12 +265,33 @@ def load_message(problem: Problem, artifact) -> dict:
     return head
 
 
-def verify(problem: Problem, artifact, cases: list[Case], interpret: bool,
-           case_timeout: float, prep_extra: dict) -> int:
-    timeout = case_timeout * INTERPRET_SLOWDOWN if interpret else case_timeout
-    with GpuWorker(interpret) as worker:
+def verify(harness, prep, cases: list[Case]) -> int:
+    """Every case in a fresh worker: compiled on a GPU; without one, under the backend's
+    interpreter on the cases it can afford (``interpret_cases``), or `needs_device` where the
+    backend has none. Returns the cases checked; Rejected on the first failure."""
+    problem, backend = prep.problem, get_backend(prep.backend)
+    device = cuda_available()
+    if backend.interpreter is None and not device:
+        arch = prep.artifact.info.get("arch", "?")
+        raise Rejected(Outcome.NEEDS_DEVICE, f"built for {arch} ({prep.backend}); verification "
+                       "and timing need a device: no NVIDIA GPU here", "verify",
+                       **{"gpu tools": gpu_tools(prep.backend)})
+    interpreter = None if device else backend.interpreter
+    if interpreter:
+        cases, dropped = interpret_cases(problem, cases)
+        prep.extra["interpreter"] = {"cases": len(cases), "dropped (GPU shapes)": dropped}
+    n = run_cases(problem, prep.artifact, cases, interpreter, harness.config.case_timeout_s, prep.extra)
+    prep.extra["interpret"] = interpreter is not None
+    return n
+
+
+def run_cases(problem: Problem, artifact, cases: list[Case], interpreter: str | None,
+              case_timeout: float, prep_extra: dict) -> int:
+    """``cases`` in one fresh worker, compiled on the device or under ``interpreter``."""
+    timeout = case_timeout * INTERPRET_SLOWDOWN if interpreter else case_timeout
+    with GpuWorker(interpreter is not None) as worker:
         prep_extra["isolation"] = ("process boundary: own session, private temp dir, env allow-list, "
-                                   "rlimits" + ("; Triton interpreter on CPU" if interpret else ""))
+                                   "rlimits" + (f"; {interpreter}" if interpreter else ""))
         worker.request(load_message(problem, artifact), [], LOAD_TIMEOUT_S, "load")
         seen: set[str] = set()
         for case in order_cases(cases):
@@ -319,50 +308,12 @@ def verify(problem: Problem, artifact, cases: list[Case], interpret: bool,
     return len(cases)
 
 
-def prepare(harness, problem: Problem, source: str, cases: list[Case] | None, backend: str | None = None):
-    """The GPU counterpart of Harness.prepare (same Prepared, same rejections); ``backend``: what
-    ``source`` is written in (triton, cuda or ptx; default ``problem.backend``)."""
-    from swarmfactory.harness.evaluate import Prepared
-
-    t0 = time.monotonic()
-    lang = backend or problem.backend
-    prep = Prepared(problem, source, backend=lang)
-    cases = cases if cases is not None else problem.seed_cases()
-    try:
-        if not source.strip():
-            raise Rejected(Outcome.BUILD_FAILED, "the source file is empty", "build")
-        if lang == "triton" and harness.config.static_checks:
-            reason = check_python(source)
-            if reason:
-                raise Rejected(Outcome.CHEATED, f"static check: {reason}", "static")
-        prototype = problem.py_signature if lang == "triton" else None
-        device = cuda_available()
-        try:
-            prep.artifact = get_backend(lang).build(source, problem.name, prototype=prototype)
-        except CheatError as exc:
-            raise Rejected(Outcome.CHEATED, f"static check: {exc}", "static") from None
-        except MissingTool as exc:  # not the candidate's doing: the checks without the tool passed
-            raise Rejected(Outcome.NEEDS_DEVICE, f"not built ({lang}): {exc}; the checks that run without "
-                           f"it passed{'' if device else '; no NVIDIA GPU here either'}", "build",
-                           **{"gpu tools": gpu_tools(lang)}) from None
-        except BuildError as exc:
-            raise Rejected(Outcome.BUILD_FAILED, str(exc), "build", log=exc.log[-4000:]) from None
-        if lang != "triton" and not device:
-            arch = prep.artifact.info.get("arch", "?")
-            raise Rejected(Outcome.NEEDS_DEVICE, f"built for {arch} ({lang}); verification "
-                           "and timing need a device: no NVIDIA GPU here", "verify",
-                           **{"gpu tools": gpu_tools(lang)})
-        interpret = not device
-        if interpret:
-            cases, dropped = interpret_cases(problem, cases)
-            prep.extra["interpreter"] = {"cases": len(cases), "dropped (GPU shapes)": dropped}
-        prep.cases_checked = verify(problem, prep.artifact, cases, interpret,
-                                    harness.config.case_timeout_s, prep.extra)
-        prep.extra["interpret"] = interpret
-    except Rejected as rej:
-        prep.rejected = rej
-    prep.seconds = time.monotonic() - t0
-    return prep
+def missing_tool(backend: str, exc: MissingTool) -> Rejected:
+    """`needs_device`, never `build_failed`: the machine lacks the backend's tool (Triton, NVRTC,
+    ptxas), and the checks that run without it passed."""
+    return Rejected(Outcome.NEEDS_DEVICE, f"not built ({backend}): {exc}; the checks that run without "
+                    f"it passed{'' if cuda_available() else '; no NVIDIA GPU here either'}", "build",
+                    **{"gpu tools": gpu_tools(backend)})
 
 
 def measure(harness, prep) -> Verdict:
@@ -377,7 +328,7 @@ def measure(harness, prep) -> Verdict:
                   "timing needs an NVIDIA GPU")
         verdict = Verdict(Outcome.VERIFIED, detail, "measure", cases_checked=prep.cases_checked,
                           evidence={"isolation": prep.extra.get("isolation"), **({"interpreter": info} if info else {})})
-        verdict.evidence["gpu tools"] = gpu_tools(prep.backend or prep.problem.backend)
+        verdict.evidence["gpu tools"] = gpu_tools(prep.backend)
     else:
         from swarmfactory.harness.gputimer import measure_candidate
 
@@ -387,7 +338,7 @@ def measure(harness, prep) -> Verdict:
             except Rejected as rej:
                 verdict = Verdict(rej.outcome, rej.detail, rej.stage, evidence=rej.evidence)
         verdict.cases_checked = prep.cases_checked
-        verdict.evidence["gpu tools"] = gpu_tools(prep.backend or prep.problem.backend)
+        verdict.evidence["gpu tools"] = gpu_tools(prep.backend)
     verdict.seconds = prep.seconds + time.monotonic() - t0
     return verdict
 
@@ -395,12 +346,13 @@ def measure(harness, prep) -> Verdict:
 def gpu_tools(backend: str) -> dict:
     """What can change a GPU result, beside the CPU fingerprint every record carries: the
     backend's tool versions and the device (or the interpreter)."""
-    tools = dict(get_backend(backend).versions())
+    builder = get_backend(backend)
+    tools = dict(builder.versions())
     if cuda_available():
         import torch
 
         tools["device"] = torch.cuda.get_device_name()
         tools["cuda"] = str(torch.version.cuda)
     else:
-        tools["device"] = "none: Triton interpreter on CPU" if backend == "triton" else "none"
+        tools["device"] = f"none: {builder.interpreter}" if builder.interpreter else "none"
     return tools

@@ -141,7 +141,7 @@ def measure_candidate(harness, prep, rounds: int | None = None, samples: int = 1
     import torch
 
     from swarmfactory.harness.gpu import GpuWorker, call_message, load_message
-    from swarmfactory.harness.outcome import Outcome, Rejected, ShapeTiming, Verdict
+    from swarmfactory.outcome import Outcome, Rejected, ShapeTiming, Verdict
     from swarmfactory.harness.timing import median_ci
     from swarmfactory.harness.verify import compare, expected_for
     from swarmfactory.problems.spec import NP_DTYPES, to_torch

@@ -124,15 +124,57 @@ def scale_to_fit(module, limit: int = MAX_BYTES) -> str:
 
 def from_kernelbench_module(module, path) -> Problem:
     """The problem a KernelBench module describes; ``ProblemError`` if it cannot be one."""
-    import torch
-    from torch.func import functional_call
-
     path = Path(path)
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, attr):
             raise _error(f"{path}: a KernelBench file needs Model, get_inputs and "
                          f"get_init_inputs; {attr} is missing")
     note = scale_to_fit(module)
+    model, example, params, outs = _run_model(module, path)
+    n_in, n_par = len(example), len(params)
+    param_names = list(params)
+    fixed_params = {f"p{i}": params[n].detach().contiguous().numpy().copy()
+                    for i, n in enumerate(param_names)}
+    shape = {f"in{i}_d{j}": int(s) for i, t in enumerate(example) for j, s in enumerate(t.shape)}
+    if not shape:  # 0-d inputs only: the shape still needs a key
+        shape = {"scalar": 1}
+    out_shapes = {f"out{i}": tuple(int(s) for s in o.shape) for i, o in enumerate(outs)}
+    make_inputs = _input_maker(module, [tuple(t.shape) for t in example], fixed_params)
+    ref_model, ref_dtype, in_float64 = _float64_model(model, example)
+    reference, fp32_torch, baseline_eager = _model_calls(model, ref_model, ref_dtype, n_in, param_names)
+    doc = (module.__doc__ or module.Model.__doc__ or "").strip().splitlines()
+    if not in_float64:
+        note = "; ".join(filter(None, [note, "the model has no float64 forward (its reference is computed in "
+                                             "fp32): no bound from torch's own fp32 error"]))
+    return Problem(
+        name=_c_name(path.stem),
+        version=1,
+        description=(doc[0] if doc else f"KernelBench problem {path.name}") + " (KernelBench format)",
+        args=tuple([Arg(f"in{i}", "in") for i in range(n_in)]
+                   + [Arg(f"p{i}", "in") for i in range(n_par)]
+                   + [Arg(f"out{i}", "out") for i in range(len(outs))]),
+        make_inputs=make_inputs,
+        output_shapes=lambda _s: dict(out_shapes),
+        reference=reference,
+        baselines={"eager": baseline_eager},
+        eager=baseline_eager,
+        fp32_torch=fp32_torch,
+        torch_error_multiple=None if in_float64 else 0.0,
+        tolerance=_tolerance(module),
+        workload=(shape,),
+        edge_shapes=(shape,),
+        dists=KB_DISTS,
+        seeds_per_case=4,
+        source_path=str(path.resolve()),
+        note=note,
+    )
+
+
+def _run_model(module, path: Path) -> tuple[Any, list, dict, tuple]:
+    """(model, example inputs, parameters and buffers by name, outputs): the module's model built
+    and run once under seed 0, every tensor fp32; ``ProblemError`` otherwise."""
+    import torch
+
     try:
         torch.manual_seed(0)
         model = module.Model(*module.get_init_inputs()).eval()
@@ -150,16 +192,13 @@ def from_kernelbench_module(module, path) -> Problem:
         if type(exc).__name__ == "ProblemError":
             raise
         raise _error(f"{path}: cannot build or run Model: {type(exc).__name__}: {exc}") from exc
+    return model, example, params, outs
 
-    n_in, n_par = len(example), len(params)
-    param_names = list(params)
-    fixed_params = {f"p{i}": params[n].detach().contiguous().numpy().copy()
-                    for i, n in enumerate(param_names)}
-    shape = {f"in{i}_d{j}": int(s) for i, t in enumerate(example) for j, s in enumerate(t.shape)}
-    if not shape:  # 0-d inputs only: the shape still needs a key
-        shape = {"scalar": 1}
-    out_shapes = {f"out{i}": tuple(int(s) for s in o.shape) for i, o in enumerate(outs)}
-    in_shapes = [tuple(t.shape) for t in example]
+
+def _float64_model(model, example: list) -> tuple[Any, Any, bool]:
+    """(reference model, its dtype, whether its outputs are float64): the model in float64 where
+    it runs so, else the fp32 model itself."""
+    import torch
 
     ref_model, ref_dtype, in_float64 = model, torch.float32, False
     try:
@@ -171,6 +210,14 @@ def from_kernelbench_module(module, path) -> Problem:
         in_float64 = all(getattr(o, "dtype", None) == torch.float64 for o in outs64)
     except Exception:  # an op without float64 support: fp32 it is
         pass
+    return ref_model, ref_dtype, in_float64
+
+
+def _input_maker(module, in_shapes: list[tuple], fixed_params: dict[str, np.ndarray]):
+    """``make_inputs`` of the problem: the file's own ``get_inputs()`` under the case's seed, or
+    values of another distribution at its shapes, and the parameters drawn around their initial
+    values."""
+    import torch
 
     def make_inputs(_shape, rng: np.random.Generator, dist: str) -> dict[str, Any]:
         if dist not in KB_DISTS:
@@ -189,6 +236,15 @@ def from_kernelbench_module(module, path) -> Problem:
                 arrays = [with_specials(rng, a) for a in arrays]
         params_now = {k: _perturb(v, rng) for k, v in fixed_params.items()}
         return {**{f"in{i}": a for i, a in enumerate(arrays)}, **params_now}
+
+    return make_inputs
+
+
+def _model_calls(model, ref_model, ref_dtype, n_in: int, param_names: list[str]):
+    """(reference, fp32_torch, baseline_eager) of the problem: the model run on a case's inputs
+    and parameters (``in<i>``, ``p<i>``)."""
+    import torch
+    from torch.func import functional_call
 
     lock = threading.Lock()  # functional_call swaps the module's tensors while it runs
 
@@ -219,37 +275,17 @@ def from_kernelbench_module(module, path) -> Problem:
 
         return fn
 
+    return reference, fp32_torch, baseline_eager
+
+
+def _tolerance(module) -> Tolerance:
+    """KernelBench's own check, unless the file sets ``RTOL`` and ``ATOL``."""
     rtol = float(getattr(module, "RTOL", KERNELBENCH_TOL))
     atol = float(getattr(module, "ATOL", KERNELBENCH_TOL))
     reason = ("set by the file (RTOL, ATOL)" if hasattr(module, "RTOL")
               else "KernelBench's own correctness check (torch.allclose, rtol = atol = 1e-2); "
                    "the op is arbitrary, so no tighter bound can be derived")
-    doc = (module.__doc__ or module.Model.__doc__ or "").strip().splitlines()
-    if not in_float64:
-        note = "; ".join(filter(None, [note, "the model has no float64 forward (its reference is computed in "
-                                             "fp32): no bound from torch's own fp32 error"]))
-    return Problem(
-        name=_c_name(path.stem),
-        version=1,
-        description=(doc[0] if doc else f"KernelBench problem {path.name}") + " (KernelBench format)",
-        args=tuple([Arg(f"in{i}", "in") for i in range(n_in)]
-                   + [Arg(f"p{i}", "in") for i in range(n_par)]
-                   + [Arg(f"out{i}", "out") for i in range(len(outs))]),
-        make_inputs=make_inputs,
-        output_shapes=lambda _s: dict(out_shapes),
-        reference=reference,
-        baselines={"eager": baseline_eager},
-        eager=baseline_eager,
-        fp32_torch=fp32_torch,
-        torch_error_multiple=None if in_float64 else 0.0,
-        tolerance=Tolerance(rtol, atol, reason),
-        workload=(shape,),
-        edge_shapes=(shape,),
-        dists=KB_DISTS,
-        seeds_per_case=4,
-        source_path=str(path.resolve()),
-        note=note,
-    )
+    return Tolerance(rtol, atol, reason)
 
 
 def _perturb(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:

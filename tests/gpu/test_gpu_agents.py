@@ -12,7 +12,7 @@ from swarmfactory.agents.knobs import KnobAgent, RandomRestartAgent, SeedAgent
 from swarmfactory.agents.llm import render_prompt
 from swarmfactory.backends import get_backend
 from swarmfactory.harness.gpu import cuda_available
-from swarmfactory.harness.pystatic import check_python
+from swarmfactory.backends.pystatic import check_python
 from swarmfactory.problems import load_problem
 
 

@@ -91,7 +91,7 @@ def test_a_cubin_source_without_a_valid_launch_geometry_is_build_failed(harness,
     body = CUDA_OK.split("\n", 1)[1]
     v = harness.evaluate(as_backend("cuda"), (launch + "\n" if launch else "") + body)
     if expect == "not an integer argument":  # names are checked when the geometry is evaluated
-        from swarmfactory.harness.gpu_worker import launch_geometry
+        from swarmfactory.backends.gpu_worker import launch_geometry
 
         with pytest.raises(ValueError, match=expect):
             launch_geometry(launch.split("launch:")[1], {"rows": 2, "cols": 3})
@@ -101,7 +101,7 @@ def test_a_cubin_source_without_a_valid_launch_geometry_is_build_failed(harness,
 
 
 def test_the_launch_geometry_is_evaluated_over_the_integer_arguments():
-    from swarmfactory.harness.gpu_worker import launch_geometry, parse_launch
+    from swarmfactory.backends.gpu_worker import launch_geometry, parse_launch
 
     spec = parse_launch(CUDA_OK)
     assert launch_geometry(spec, {"rows": 3, "cols": 100}) == ((2, 1, 1), (256, 1, 1), 0)

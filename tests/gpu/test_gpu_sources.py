@@ -81,7 +81,7 @@ def test_cu_and_ptx_files_reach_needs_device_through_the_installed_cli(tmp_path)
         res = json.loads(proc.stdout)
         assert res["outcome"] == "needs_device", res
         assert f"({backend})" in res["detail"] and tool in res["evidence"]["gpu tools"], res
-        assert Store(str(db), create=False).candidate(res["candidate_id"])["backend"] == backend
+        assert Store(str(db), create=False).candidate(res["candidate_id"]).backend == backend
     assert _evaluations(db) == 2
 
 

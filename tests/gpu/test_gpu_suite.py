@@ -9,7 +9,7 @@ import pytest
 
 from swarmfactory.backends import get_backend
 from swarmfactory.harness.gpu import interpret_cases
-from swarmfactory.harness.pystatic import check_python
+from swarmfactory.backends.pystatic import check_python
 from swarmfactory.problems import list_problems, load_problem, resolve_problems
 from swarmfactory.problems.suites.gpu import NAMES
 

@@ -1,4 +1,4 @@
-from swarmfactory.harness.static import check_source
+from swarmfactory.backends.cstatic import check_source
 
 CLEAN = """#include <stdint.h>
 #include <math.h>

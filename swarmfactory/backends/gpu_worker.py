@@ -1,11 +1,14 @@
-"""The GPU candidate's process: imports one Triton module and calls its launcher on the inputs the
-trusted side sends; nothing here decides anything.
+"""The GPU candidate's process, the runner of the NVIDIA backends: loads one artifact (a Triton
+module, or a cubin launched through the CUDA driver API) and calls it on the inputs the trusted
+side sends; nothing here decides anything. The backends cuda and ptx check a source's launch
+geometry at build (``parse_launch``) with the evaluator the worker launches it with.
 
-Run as a script (``python -I gpu_worker.py``), so it imports nothing of swarmfactory: the
-problem, its reference and the comparison stay in the trusted process. On a machine without a
-GPU it runs with ``TRITON_INTERPRET=1`` (Triton's interpreter, CPU tensors). Every output buffer
-is filled with the poison the trusted side names before the call; inputs arrive as raw bytes for
-every call (fresh draws). The protocol is framed JSON headers plus raw array bytes, on a file
+Started by harness/gpu.py as a script (``python -I gpu_worker.py``), so it imports nothing of
+swarmfactory (and this module imports nothing of ours, wherever it runs): the problem, its
+reference and the comparison stay in the trusted process. On a machine without a GPU it runs
+with ``TRITON_INTERPRET=1`` (Triton's interpreter, CPU tensors). Every output buffer is filled
+with the poison the trusted side names before the call; inputs arrive as raw bytes for every
+call (fresh draws). The protocol is framed JSON headers plus raw array bytes, on a file
 descriptor of its own (stdout is pointed at stderr, so a candidate's prints cannot forge replies).
 Nothing executable is ever sent either way.
 

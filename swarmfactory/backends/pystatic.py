@@ -1,4 +1,4 @@
-"""Static checks on a Triton candidate (Python source): a first, cheap `cheated`.
+"""The Triton backend's static checks on a candidate (Python source): a first, cheap `cheated`.
 
 The protection is the process boundary and the trusted comparison (harness/gpu.py): the
 candidate runs only in a worker process that never sees the reference, on fresh inputs per call,

@@ -1,17 +1,19 @@
-"""Static checks on candidate C source (MEASURING.md rule 9): a first filter, not the protection.
+"""The C backend's static checks on candidate source (MEASURING.md rule 9): a first filter, not
+the protection.
 
 A kernel computes; it does not time itself, start threads the harness did not ask for (OpenMP
 is the allowed way), touch files or the network, load code, or run code at load time. Comments
 and string literals are removed before matching, so a comment that says "time" is fine.
 
 Three passes, each a cheap and early `cheated` with a reason:
-* ``check_source``: the text as written;
+* ``check_source``: the text as written (``CBackend.check``, before the build);
 * ``check_preprocessed``: the candidate's own lines after the preprocessor, so names assembled
   with ``##`` or hidden behind macros are seen as the compiler sees them;
 * ``check_assembly``: what the compiler emitted: inline assembly (``#APP``), system-call
   instructions, code or data placed in load-time sections.
+The last two run inside ``CBackend.build`` when it is asked for ``checks``.
 A determined candidate can still get past text checks (it is native code); what stops it is the
-driver's system-call allow-list and the trusted side's checks (see candidate.py, driver.c).
+driver's system-call allow-list and the trusted side's checks (harness/candidate.py, harness/driver.c).
 """
 
 from __future__ import annotations
