@@ -33,6 +33,7 @@ from swarmfactory.api import evaluate
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import HarnessConfig
 from swarmfactory.lifecycle import kill_tree
+from swarmfactory.outcome import MEASURED
 from swarmfactory.problems import load_problem
 
 CPU_HOG = "while True: pass"
@@ -65,7 +66,7 @@ def overlap(a: dict, b: dict) -> bool:
 
 
 def pair_stats(results: list[dict]) -> tuple[int, int]:
-    measured = [r for r in results if r["outcome"] in ("faster", "not_faster")]
+    measured = [r for r in results if r["outcome"] in MEASURED]
     pairs = list(itertools.combinations(measured, 2))
     return sum(overlap(a, b) for a, b in pairs), len(pairs)
 
@@ -108,20 +109,20 @@ def main(argv=None) -> int:
                 finally:
                     stop_load(load)
     finally:
-        store.engine.dispose()
+        store.close()
     print()
     total_ok = total = flips = 0
     print(f"{'problem':12} {'quiet overlap':>14} {'loaded overlap':>15} {'across':>8}  verdicts (quiet | loaded)")
     for name, by in results.items():
         q, lq = pair_stats(by["quiet"]), pair_stats(by["loaded"])
         across = [(a, b) for a in by["quiet"] for b in by["loaded"]
-                  if {a["outcome"], b["outcome"]} <= {"faster", "not_faster"}]
+                  if {a["outcome"], b["outcome"]} <= set(MEASURED)]
         xa = sum(overlap(a, b) for a, b in across)
         ok = q[0] + lq[0] + xa
         n = q[1] + lq[1] + len(across)
         total_ok, total = total_ok + ok, total + n
         outcomes = {r["outcome"] for r in by["quiet"] + by["loaded"]}
-        flip = {"faster", "not_faster"} <= outcomes
+        flip = set(MEASURED) <= outcomes
         flips += flip
         print(f"{name:12} {q[0]:>6}/{q[1]:<7} {lq[0]:>7}/{lq[1]:<7} {xa:>3}/{len(across):<4} "
               f"{' '.join(r['outcome'][:4] for r in by['quiet'])} | {' '.join(r['outcome'][:4] for r in by['loaded'])}"

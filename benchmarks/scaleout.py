@@ -37,8 +37,7 @@ def one_run(executor: str, problems: str, budget: int, rounds: int, parallel: in
     from swarmfactory.evidence.store import Store
     from swarmfactory.swarm.coordinator import Coordinator
 
-    with tempfile.TemporaryDirectory(prefix="sf-scaleout-") as tmp:
-        store = Store(os.path.join(tmp, "e.db"))
+    with tempfile.TemporaryDirectory(prefix="sf-scaleout-") as tmp, Store(os.path.join(tmp, "e.db")) as store:
         cfg = RunConfig.build(problems=problems, budget=budget, rounds=rounds, parallel=parallel, seed=0,
                               compile_baselines=False, remeasure_champions=False, executor=executor)
         t0 = time.monotonic()
@@ -46,8 +45,7 @@ def one_run(executor: str, problems: str, budget: int, rounds: int, parallel: in
         t1 = time.monotonic()
         run_id = coord.run()
         t2 = time.monotonic()
-        n = sum(1 for e in store.evaluations(run_id=run_id) if e["purpose"] == "search")
-        store.engine.dispose()
+        n = sum(1 for e in store.evaluations(run_id=run_id) if e.purpose == "search")
     return {"executor": executor, "start_s": t1 - t0, "run_s": t2 - t1, "evaluations": n,
             "per_min": n / ((t2 - t1) / 60), "loadavg": os.getloadavg()[0]}
 
@@ -70,7 +68,7 @@ def _writer(url: str, n: int, tag: str, start, out, path: str = "coordinator") -
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.leases import CLAIMED, Leases
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
+    from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
     from swarmfactory.problems import load_problem
     from swarmfactory.tools import tool_versions
 
@@ -105,7 +103,7 @@ def _writer(url: str, n: int, tag: str, start, out, path: str = "coordinator") -
         record(cand, v, "v1")
         leases.release(p, cand["id"], "v1")
     out.put(time.perf_counter() - t0)
-    store.engine.dispose()
+    store.close()
 
 
 def record_rate(url: str, writers: int, per_writer: int, path: str) -> dict:
@@ -159,7 +157,7 @@ def bench_store(args, console) -> list[dict]:
                         url, drop = fresh_pg(args.pg)
                     else:
                         url, drop = os.path.join(tmp, f"r{rep}w{writers}.db"), (lambda: None)
-                    Store(url).engine.dispose()  # the schema exists before the writers start
+                    Store(url).close()  # the schema exists before the writers start
                     try:
                         r = record_rate(url, writers, max(1, args.verdicts // writers), path)
                     finally:

@@ -31,6 +31,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+from swarmfactory.outcome import MEASURED
 from swarmfactory.swarm.executors import Executor
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +55,7 @@ class ReplayExecutor(Executor):
         self.target, self.submitted, self.hit = target, 0, None
 
     def submit(self, problem, source, cases) -> Future:
-        from swarmfactory.harness.outcome import Outcome, Verdict
+        from swarmfactory.outcome import Outcome, Verdict
 
         self.submitted += 1
         row = self.by_source.get(source)
@@ -65,7 +66,7 @@ class ReplayExecutor(Executor):
         ci = row.get("ci") or [None, None]
         fut.set_result(Verdict(Outcome(row["outcome"]), "replayed from the recorded sweep", "measure",
                                speedup=row["speedup"], ci_low=ci[0], ci_high=ci[1]))
-        if self.hit is None and row["outcome"] in ("faster", "not_faster") and row["speedup"] >= self.target:
+        if self.hit is None and row["outcome"] in MEASURED and row["speedup"] >= self.target:
             self.hit = self.submitted
         return fut
 
@@ -88,7 +89,7 @@ class StopAtTarget:
 
 
 def _verdict(row: dict):
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
 
     ci = row.get("ci") or [None, None]
     return Verdict(Outcome(row["outcome"]), "recorded sweep", "measure", speedup=row["speedup"],
@@ -209,7 +210,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in [s.strip() for s in args.problems.split(",") if s.strip()]:
             problem = load_problem(name)
-            rows = [r for r in data["native"].get(name, []) if r["outcome"] in ("faster", "not_faster")]
+            rows = [r for r in data["native"].get(name, []) if r["outcome"] in MEASURED]
             if not rows:
                 print(f"{name}: no recorded rows; skipped", file=sys.stderr)
                 continue

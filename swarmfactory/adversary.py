@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.problems.spec import Case, Problem, to_torch
 
 SMALL = (1, 2, 3, 5, 6, 10, 13, 18, 34)
@@ -150,21 +151,21 @@ class Adversary:
         return out
 
     # -- hunting ------------------------------------------------------------------------------
-    def hunt(self, harness, problem: Problem, targets: list[dict], failures: list[dict],
+    def hunt(self, harness, problem: Problem, targets: list[CandidateRow], failures: list[dict],
              rng: random.Random, known: set[str]) -> list[Finding]:
-        """Run new cases against each target candidate (dicts with ``id`` and ``source``)."""
+        """Run new cases against each target candidate (recorded candidates)."""
         cases = self.propose_cases(problem, failures, rng, known)
         findings: list[Finding] = []
         for cand in targets:
             remaining = list(cases)
             while remaining:
-                prep = harness.prepare(problem, cand["source"], remaining, problem.backend_of(cand))
+                prep = harness.prepare(problem, cand.source, remaining, problem.backend_of(cand))
                 rej = prep.rejected
                 if rej is None or rej.stage != "verify" or "case" not in rej.evidence:
                     break
                 key = rej.evidence["case"]
                 broke = next(c for c in remaining if c.key() == key)
-                findings.append(Finding(broke, cand["id"], f"{rej.outcome.value}: {rej.detail}"))
+                findings.append(Finding(broke, cand.id, f"{rej.outcome.value}: {rej.detail}"))
                 remaining = [c for c in remaining if c.key() != key]
                 if len(findings) >= 8:
                     return findings

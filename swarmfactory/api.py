@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from swarmfactory.agents.base import candidate_record
+from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.evidence.store import Store, StoreWriteError
+from swarmfactory.outcome import MEASURED
 from swarmfactory.problems import Problem, load_problem
 from swarmfactory.swarm.succession import contend
 from swarmfactory.validation import drawn_evidence, validation_set
@@ -26,16 +29,23 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
     ``source`` is written in, one of ``problem.backends`` (default ``problem.backend``; a GPU
     problem takes triton, cuda and ptx). ValueError, with nothing recorded, for an empty source
     or a backend the problem does not take. ``StoreWriteError`` when the store did not take the
-    verdict (kept in its journal; the verdict as the exception's ``result``)."""
-    from swarmfactory.harness.evaluate import Harness
-
+    verdict (kept in its journal; the verdict as the exception's ``result``). A store given by
+    path or URL is closed again before this returns."""
     problem = load_problem(problem) if isinstance(problem, str) else problem
     backend = backend or problem.backend
     if backend not in problem.backends:
         raise ValueError(f"{problem.name} takes {', '.join(problem.backends)} sources, not {backend}")
     if not source.strip():
         raise ValueError("empty source")
-    store = store if isinstance(store, Store) else Store(store)
+    with _opened(store) as store:
+        return _evaluate(problem, source, store, config, draw, backend)
+
+
+def _evaluate(problem: Problem, source: str, store: Store, config: HarnessConfig | None, draw: int | None,
+              backend: str) -> dict[str, Any]:
+    """``evaluate`` on an open store."""
+    from swarmfactory.harness.evaluate import Harness
+
     harness = Harness(config, store=store)
     try:
         cases, vversion = validation_set(problem, store, draw)
@@ -62,8 +72,8 @@ def evaluate(problem: str | Problem, source: str, store: str | Store | None = No
 
 def _remeasurer(harness, problem: Problem, store: Store, cases, vversion: str):
     """Succession's fresh re-measure (``swarm/succession.py``) on this machine's harness."""
-    def remeasure(cand: dict) -> int:
-        verdict = harness.evaluate(problem, cand["source"], cases, backend=problem.backend_of(cand))
+    def remeasure(cand: CandidateRow) -> int:
+        verdict = harness.evaluate(problem, cand.source, cases, backend=problem.backend_of(cand))
         return store.record_verdict(problem, cand, verdict, None, vversion, "remeasure")
     return remeasure
 
@@ -74,12 +84,12 @@ def reverify_retained(problem: Problem, store: Store, config: HarnessConfig | No
     found vacant after a demotion) and the best retained candidates are re-measured afresh, the
     first faster one taking its place."""
     from swarmfactory.harness.evaluate import Harness
-    from swarmfactory.swarm.succession import MEASURED, rank_by_best, reverify_and_succeed
+    from swarmfactory.swarm.succession import rank_by_best, reverify_and_succeed
 
     cases, vversion = validation_set(problem, store)
-    ranked = rank_by_best((ev["candidate_id"], ev["speedup"])
+    ranked = rank_by_best((ev.candidate_id, ev.speedup)
                           for ev in store.evaluations(problem=problem.name, this_hardware=True)
-                          if ev["problem_spec"] == problem.spec_hash() and ev["outcome"] in MEASURED)
+                          if ev.problem_spec == problem.spec_hash() and ev.outcome in MEASURED)
     harness = Harness(config, store=store)
     try:
         res = reverify_and_succeed(store, harness, problem, cases, vversion, ranked, check_all=True,
@@ -114,6 +124,17 @@ def run(problems: str = "all", store: str | Store | None = None, *, resume: str 
     the run's summary (``swarm.summary.summarize``)."""
     from swarmfactory.swarm.summary import summarize
 
-    store = store if isinstance(store, Store) else Store(store)
-    coordinator = prepare_run(problems, store, resume=resume, progress=progress, **config)
-    return summarize(store, coordinator.run())
+    with _opened(store) as store:
+        coordinator = prepare_run(problems, store, resume=resume, progress=progress, **config)
+        return summarize(store, coordinator.run())
+
+
+@contextlib.contextmanager
+def _opened(store: str | Store | None):
+    """``store`` as a ``Store``: the caller's as it is, or one opened from a path or URL (the
+    default store for None) and closed at the end of the block."""
+    if isinstance(store, Store):
+        yield store
+        return
+    with Store(store) as opened:
+        yield opened

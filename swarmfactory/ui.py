@@ -11,6 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from swarmfactory.outcome import MEASURED
+
 
 def _f(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
@@ -103,8 +105,8 @@ def design_table(summary: dict, wide: bool = False) -> Table | None:
                       ("vs default", "right"), ("knobs / why", "left")):
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("design", "tok/s"))
     for _, d in rows:
-        why = d["design"] if d["outcome"] in ("faster", "not_faster") else d["detail"]
-        if wide and d["outcome"] in ("faster", "not_faster"):
+        why = d["design"] if d["outcome"] in MEASURED else d["detail"]
+        if wide and d["outcome"] in MEASURED:
             why = f"{d['design']}; {d['detail']}"
         t.add_row(d["candidate_id"][:12], d["agent"] or "-", d["outcome"] + (" (baseline)" if d["purpose"] == "baseline" else ""),
                   num(d["fitness"]) if d["fitness"] else "-", _x(d["speedup"]), why)

@@ -24,11 +24,11 @@ def validation_set(problem: Problem, store=None, draw: int | None = None) -> tup
     from swarmfactory.adversary import case_from_key
 
     for row in found:
-        case = case_from_key(row["case_key"], origin=row["found_by"])
+        case = case_from_key(row.case_key, origin=row.found_by)
         if case.key() not in known:
             cases.append(case)
             known.add(case.key())
-    blob = problem.spec_hash() + "|" + "|".join(sorted(r["case_key"] for r in found))
+    blob = problem.spec_hash() + "|" + "|".join(sorted(r.case_key for r in found))
     if problem.model_shapes:  # the fixed sample of model shapes (only where set: other problems
         # keep the version their evidence was recorded under)
         blob += "|models:" + "|".join(c.key() for c in cases if c.origin == "model")

@@ -72,33 +72,151 @@ def cpu_hogs():
 
 @pytest.fixture
 def store(tmp_path):
+    """A new SQLite store, closed after the test."""
     from swarmfactory.evidence.store import Store
 
-    return Store(str(tmp_path / "evidence.db"))
+    with Store(str(tmp_path / "evidence.db")) as st:
+        yield st
 
 
-@pytest.fixture
-def pg_url():
-    """A fresh database on the PostgreSQL server of SWARMFACTORY_PG_URL (CI starts one), dropped
-    afterwards; skips where none is set."""
+# -- PostgreSQL: one server for the session, a fresh database per test ---------------------------
+def _pg_bin(tool: str) -> str | None:
+    """A PostgreSQL server tool: on PATH, else the newest of Debian's versioned folders."""
+    import glob
+    import shutil
+
+    found = shutil.which(tool)
+    if found:
+        return found
+    versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{tool}"),
+                      key=lambda p: int(p.split("/")[-3]) if p.split("/")[-3].isdigit() else 0)
+    return versions[-1] if versions else None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_pg():
+    """A throwaway PostgreSQL server in a temporary folder: (URL, stop). Trust authentication,
+    127.0.0.1 only, no fsync. The server refuses to run as root: as root it runs as the
+    ``postgres`` user (else ``nobody``). Skips where no server can be started."""
+    import pwd
+    import shutil
+    import tempfile
+
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("no PostgreSQL server: set SWARMFACTORY_PG_URL or install PostgreSQL (initdb, pg_ctl)")
+    user = None
+    if os.geteuid() == 0:
+        for name in ("postgres", "nobody"):
+            try:
+                user = pwd.getpwnam(name)
+                break
+            except KeyError:
+                continue
+        if user is None:
+            pytest.skip("running as root and no user to run PostgreSQL as: set SWARMFACTORY_PG_URL")
+    folder = tempfile.mkdtemp(prefix="sf-pg-")
+    data = os.path.join(folder, "data")
+
+    def as_user():
+        if user is not None:
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+
+    def run(*cmd):
+        return subprocess.run(cmd, preexec_fn=as_user, capture_output=True, text=True, timeout=120,
+                              cwd=folder, env={**os.environ, "LC_ALL": "C"})
+
+    if user is not None:
+        os.chown(folder, user.pw_uid, user.pw_gid)
+    port = _free_port()
+    started = run(initdb, "-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+    if started.returncode == 0:
+        opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        started = run(pg_ctl, "-D", data, "-o", opts, "-l", os.path.join(folder, "log"), "-w", "-t", "60", "start")
+
+    def stop():
+        run(pg_ctl, "-D", data, "-m", "immediate", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+    if started.returncode != 0:
+        stop()
+        why = (started.stderr or started.stdout).strip().splitlines()
+        pytest.skip(f"PostgreSQL could not be started here ({why[-1] if why else 'no message'}): "
+                    "set SWARMFACTORY_PG_URL")
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", stop
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The PostgreSQL server every PostgreSQL test uses: SWARMFACTORY_PG_URL's (CI starts one),
+    else one started here for the session and stopped at its end; the tests that need it skip
+    where neither is possible."""
+    server = os.environ.get("SWARMFACTORY_PG_URL")
+    if server:
+        yield server
+        return
+    server, stop = _start_pg()
+    try:
+        yield server
+    finally:
+        stop()
+
+
+@contextmanager
+def _pg_database(server: str):
     import uuid
 
     from sqlalchemy import create_engine, text
 
-    server = os.environ.get("SWARMFACTORY_PG_URL")
-    if not server:
-        pytest.skip("SWARMFACTORY_PG_URL not set (CI starts a PostgreSQL server)")
     name = "sf_" + uuid.uuid4().hex[:10]
     admin = create_engine(server.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
     try:
+        with admin.connect() as c:
+            c.execute(text(f"CREATE DATABASE {name}"))
         yield server.rsplit("/", 1)[0] + "/" + name
     finally:
         with admin.connect() as c:
-            c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
-            c.execute(text(f"DROP DATABASE {name}"))
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_server):
+    """``with pg_database() as url:`` a fresh database on the tests' PostgreSQL server, dropped
+    (its connections ended) at the end of the block: for fixtures that outlive one test."""
+    return lambda: _pg_database(pg_server)
+
+
+@pytest.fixture
+def pg_url(pg_database):
+    """A fresh database on the tests' PostgreSQL server, dropped after the test."""
+    with pg_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_url(request, tmp_path):
+    """A new store's location on each backend: a SQLite file, a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "e.db")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def any_store(any_url):
+    """A new store on each backend, closed after the test."""
+    from swarmfactory.evidence.store import Store
+
+    with Store(any_url) as store:
+        yield store
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:

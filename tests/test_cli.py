@@ -33,7 +33,7 @@ def test_eval_json_reports_a_recorded_verdict(tmp_path):
     assert res["candidate_id"] and res["evaluation_id"] == 1
     from swarmfactory.evidence.store import Store
 
-    assert Store(str(db)).evaluation(1)["candidate_id"] == res["candidate_id"]
+    assert Store(str(db)).evaluation(1).candidate_id == res["candidate_id"]
 
 
 def test_eval_of_a_broken_kernel_exits_0_with_the_compiler_error(tmp_path):

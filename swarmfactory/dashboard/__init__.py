@@ -21,4 +21,4 @@ def serve(store, host: str = "127.0.0.1", port: int = 8050, on_ready=None, verbo
         pass
     finally:
         server.server_close()
-        store.engine.dispose()
+        store.close()

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from swarmfactory.contention import BUSY
 from swarmfactory.evidence import quality
 from swarmfactory.evidence import schema as S
-from swarmfactory.harness.outcome import CORRECT
+from swarmfactory.outcome import CORRECT
 
 E, C, R, CH, V, L = S.evaluations, S.candidates, S.runs, S.champions, S.validation_cases, S.lessons
 EVAL_LIST = (E.c.id, E.c.candidate_id, E.c.problem, E.c.run_id, E.c.purpose, E.c.outcome, E.c.stage, E.c.detail,

@@ -2,7 +2,8 @@
 
 SQLAlchemy over SQLite (default ``.swarmfactory/evidence.db``; WAL, one writer: the coordinator)
 or PostgreSQL (``postgresql://...``). Each ``record_*`` commits its own transaction, so a
-``kill -9`` loses at most what was in flight. Methods are safe to call from several threads.
+``kill -9`` loses at most what was in flight. Reads return frozen rows (``evidence/rows.py``).
+What may be called from several threads, and which tables are only ever appended to: ``Store``.
 
 A store opened for writing is checked to take a write before any work. A write that fails later
 (a full disk, a file made read-only, a lost connection) is kept in a local journal
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -30,7 +32,11 @@ from sqlalchemy.exc import IntegrityError
 
 from swarmfactory.evidence import schema as S
 from swarmfactory.evidence.journal import Journal, replay
+from swarmfactory.evidence.quality import contention
+from swarmfactory.evidence.rows import (TOOL_KEYS, CandidateRow, Champion, Evaluation, FoundCase, KnobEvidence,
+                                        Lesson, LlmCall, MeasuredFigure, Profile, Run)
 from swarmfactory.hardware import cpu_fingerprint
+from swarmfactory.outcome import MEASURED
 from swarmfactory.redact import redact
 
 DEFAULT_PATH = ".swarmfactory/evidence.db"
@@ -130,6 +136,31 @@ class Store:
 
     Every failure to open one is a ``StoreError`` with a one-line message. ``created`` says
     whether this call made a new store. ``shown``: the URL as messages show it (no password).
+    ``close()`` (or the end of ``with Store(url) as store:``) ends its connections.
+
+    **Threads.** One ``Store`` may be shared by every thread of a process (the coordinator's
+    loop, the harness's parallel builds, the leases' heartbeat): each write is one transaction
+    taken under ``lock`` (SQLite has one writer; the lock keeps this process's writers from
+    waiting on each other's busy timeout); each read takes a pooled connection of its own,
+    except inside ``consistent()``, whose snapshot belongs to the thread that opened it; a
+    public write in progress (``_evidence_write``) is tracked per thread, and the journal
+    appends under a lock of its own. Rows are frozen: one may be handed between threads or
+    cached. ``close()`` is for the end, when no thread uses the store any more. Several processes
+    and machines may share one store (SQLite in WAL mode on one machine; PostgreSQL anywhere):
+    everything that must not happen twice is decided by a unique key or a conditional update in
+    the database, never by what one process read before (``record_candidate``, ``add_case``,
+    ``record_problem``, evaluation leases).
+
+    **Append-only.** Evidence is never rewritten: ``problems``, ``candidates``, ``evaluations``,
+    ``validation_cases``, ``llm_calls`` and the measured ``baselines`` and ``roofs`` are
+    inserted only; ``champions`` and ``lessons`` too, a change being a new row (the latest row
+    of a problem's title, of a lesson's key, is how it stands; earlier rows are its history).
+    Updated in place: a run's ``status``, ``finished_at`` and ``config`` (``set_run_status``,
+    ``set_run_config``: a resumed run given new limits); ``sf_meta``'s schema version (rewritten
+    as it is, the check that a store takes writes; journal replay markers are inserted and
+    kept); the coordination tables, ``leases`` (claimed, renewed, taken over, done; deleted when
+    abandoned: ``evidence/leases.py``) and ``processes`` (deleted once ended:
+    ``evidence/processes.py``).
     """
 
     def __init__(self, path_or_url: str | None = None, *, create: bool = True, write: bool | None = None):
@@ -281,10 +312,21 @@ class Store:
         except StoreWriteError:
             pass
 
+    def close(self) -> None:
+        """End the store's connections (views from ``on_hardware`` share them). A store used
+        after ``close`` connects again."""
+        self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def discard_if_created(self) -> None:
         """Remove the SQLite file this ``Store`` just created (a run that could not start leaves
         no empty store behind); anything else is left alone."""
-        self.engine.dispose()
+        self.close()
         if self.created and self._new_file:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(self.engine.url.database + suffix).unlink(missing_ok=True)
@@ -320,11 +362,21 @@ class Store:
                 c.rollback()
 
     def _rows(self, stmt) -> list[dict]:
+        """The rows of a SELECT as dicts (the snapshot's connection inside ``consistent()``)."""
         snap = getattr(self._snap, "conn", None)
         if snap is not None:
             return [dict(r._mapping) for r in snap.execute(stmt)]
         with self.engine.connect() as c:
             return [dict(r._mapping) for r in c.execute(stmt)]
+
+    def _typed(self, row_type, stmt) -> list:
+        """The rows of a SELECT as ``row_type`` rows."""
+        return [row_type.of(r) for r in self._rows(stmt)]
+
+    def _one(self, row_type, stmt):
+        """The first row of a SELECT as a ``row_type`` row; None where there is none."""
+        rows = self._typed(row_type, stmt.limit(1))
+        return rows[0] if rows else None
 
     # -- runs -------------------------------------------------------------------------------
     @_evidence_write
@@ -346,11 +398,11 @@ class Store:
         """A run's recorded configuration, replaced (a resumed run given new limits)."""
         self._write(S.runs, dict(config=config), where={"id": run_id})
 
-    def run(self, run_id: str | None = None) -> dict | None:
+    def run(self, run_id: str | None = None) -> Run | None:
+        """Run ``run_id``, or the latest run."""
         q = select(S.runs)
         q = q.where(S.runs.c.id == run_id) if run_id else q.order_by(S.runs.c.created_at.desc(), S.runs.c.id.desc())
-        rows = self._rows(q.limit(1))
-        return rows[0] if rows else None
+        return self._one(Run, q)
 
     # -- problems and candidates --------------------------------------------------------------
     @_evidence_write
@@ -365,25 +417,26 @@ class Store:
                 pass  # recorded concurrently by another process
 
     @_evidence_write
-    def record_candidate(self, cand: dict[str, Any]) -> bool:
-        """Insert if new; returns False when this content hash is already known."""
-        if self.candidate(cand["id"]) is not None:
+    def record_candidate(self, cand: dict[str, Any] | CandidateRow) -> bool:
+        """Insert if new (a ``agents.base.candidate_record``, or a row read from a store); returns
+        False when this content hash is already known."""
+        values = _candidate_values(cand)
+        if self.candidate(values["id"]) is not None:
             return False
         try:
-            self._write(S.candidates, dict(cand))
+            self._write(S.candidates, values)
         except IntegrityError:
             return False
         return True
 
-    def candidate(self, cand_id: str) -> dict | None:
-        rows = self._rows(select(S.candidates).where(S.candidates.c.id == cand_id))
-        return rows[0] if rows else None
+    def candidate(self, cand_id: str) -> CandidateRow | None:
+        return self._one(CandidateRow, select(S.candidates).where(S.candidates.c.id == cand_id))
 
-    def candidates(self, problem: str, run_id: str | None = None) -> list[dict]:
+    def candidates(self, problem: str, run_id: str | None = None) -> list[CandidateRow]:
         q = select(S.candidates).where(S.candidates.c.problem == problem)
         if run_id:
             q = q.where(S.candidates.c.run_id == run_id)
-        return self._rows(q)
+        return self._typed(CandidateRow, q)
 
     # -- evaluations --------------------------------------------------------------------------
     @_evidence_write
@@ -401,21 +454,23 @@ class Store:
         return int(res.inserted_primary_key[0]) if res is not None else None
 
     @_evidence_write
-    def record_verdict(self, problem, cand: dict[str, Any], verdict, run_id: str | None,
+    def record_verdict(self, problem, cand: dict[str, Any] | CandidateRow, verdict, run_id: str | None,
                        validation_version: str, purpose: str = "search") -> int:
         """Record a verdict with what it judged: the problem, the candidate (a
-        ``agents.base.candidate_record``) and the evaluation, with today's tool versions; returns
-        the evaluation's id. ``StoreWriteError`` when the store did not take it: all three are
-        then in the journal."""
+        ``agents.base.candidate_record``, or its row) and the evaluation, with today's tool
+        versions; returns the evaluation's id. ``StoreWriteError`` when the store did not take it:
+        all three are then in the journal."""
         from swarmfactory.tools import tool_versions
 
         self.record_problem(problem)
         self.record_candidate(cand)
-        return self.record_evaluation(cand["id"], problem, verdict, run_id, validation_version,
+        return self.record_evaluation(_candidate_values(cand)["id"], problem, verdict, run_id, validation_version,
                                       tool_versions(), purpose)
 
     def evaluations(self, problem: str | None = None, run_id: str | None = None,
-                    candidate_id: str | None = None, this_hardware: bool = False) -> list[dict]:
+                    candidate_id: str | None = None, this_hardware: bool = False) -> list[Evaluation]:
+        """Evaluations, oldest first: of ``problem``, of ``run_id``, of ``candidate_id``, on this
+        hardware (``this_hardware``), as given."""
         q = select(S.evaluations).order_by(S.evaluations.c.id)
         if problem:
             q = q.where(S.evaluations.c.problem == problem)
@@ -425,35 +480,37 @@ class Store:
             q = q.where(S.evaluations.c.candidate_id == candidate_id)
         if this_hardware:
             q = q.where(S.evaluations.c.hardware_id == self.hardware["id"])
-        return self._rows(q)
+        return self._typed(Evaluation, q)
 
-    def measured_figures(self, problem) -> list[dict]:
+    def measured_figures(self, problem) -> list[MeasuredFigure]:
         """``candidate_id``, ``speedup`` and ``contention`` (the evidence's) of every ``faster`` or
         ``not_faster`` evaluation of ``problem`` (this version) on this hardware: what the spread
         between evaluations is learnt from, read at every measurement. One query, no sources or
         evidence blobs."""
         e = S.evaluations
-        return self._rows(select(e.c.candidate_id, e.c.speedup, e.c.evidence["contention"].label("contention"))
-                          .where(e.c.problem == problem.name, e.c.problem_spec == problem.spec_hash(),
-                                 e.c.hardware_id == self.hardware["id"], e.c.outcome.in_(("faster", "not_faster")))
-                          .order_by(e.c.id))
+        return self._typed(MeasuredFigure, select(e.c.candidate_id, e.c.speedup,
+                                                  e.c.evidence["contention"].label("contention"))
+                           .where(e.c.problem == problem.name, e.c.problem_spec == problem.spec_hash(),
+                                  e.c.hardware_id == self.hardware["id"], e.c.outcome.in_(MEASURED))
+                           .order_by(e.c.id))
 
-    def evaluation(self, evaluation_id: int) -> dict | None:
-        rows = self._rows(select(S.evaluations).where(S.evaluations.c.id == evaluation_id))
-        return rows[0] if rows else None
+    def evaluation(self, evaluation_id: int) -> Evaluation | None:
+        return self._one(Evaluation, select(S.evaluations).where(S.evaluations.c.id == evaluation_id))
 
     # -- champions ------------------------------------------------------------------------------
-    def champion(self, problem) -> dict | None:
-        """The current champion of ``problem`` on this hardware (latest champions row)."""
-        rows = self._rows(select(S.champions).where(
+    def champion(self, problem) -> Champion | None:
+        """The current champion of ``problem`` on this hardware (latest champions row); None
+        where there is none or the title is vacant."""
+        row = self._one(Champion, select(S.champions).where(
             S.champions.c.problem == problem.name, S.champions.c.problem_spec == problem.spec_hash(),
-            S.champions.c.hardware_id == self.hardware["id"]).order_by(S.champions.c.id.desc()).limit(1))
-        return rows[0] if rows and rows[0]["candidate_id"] else None
+            S.champions.c.hardware_id == self.hardware["id"]).order_by(S.champions.c.id.desc()))
+        return row if row is not None and row.candidate_id else None
 
-    def champion_history(self, problem_name: str) -> list[dict]:
-        return self._rows(select(S.champions).where(S.champions.c.problem == problem_name,
-                                                    S.champions.c.hardware_id == self.hardware["id"])
-                          .order_by(S.champions.c.id))
+    def champion_history(self, problem_name: str) -> list[Champion]:
+        """Every champions row of ``problem_name`` (any spec) on this hardware, oldest first."""
+        return self._typed(Champion, select(S.champions).where(S.champions.c.problem == problem_name,
+                                                               S.champions.c.hardware_id == self.hardware["id"])
+                           .order_by(S.champions.c.id))
 
     @_evidence_write
     def set_champion(self, problem, candidate_id: str | None, evaluation_id: int | None,
@@ -474,12 +531,14 @@ class Store:
         except IntegrityError:
             return False  # already known
 
-    def found_cases(self, problem_name: str) -> list[dict]:
-        return self._rows(select(S.validation_cases).where(S.validation_cases.c.problem == problem_name)
-                          .order_by(S.validation_cases.c.id))
+    def found_cases(self, problem_name: str) -> list[FoundCase]:
+        return self._typed(FoundCase, select(S.validation_cases).where(S.validation_cases.c.problem == problem_name)
+                           .order_by(S.validation_cases.c.id))
 
     # -- measured machine facts ----------------------------------------------------------------------
     def get_baseline(self, problem, shape, compile_too: bool) -> dict | None:
+        """The latest baseline record (the harness's JSON) of ``problem`` at ``shape`` on this
+        hardware with today's torch."""
         rows = self._rows(select(S.baselines.c.record).where(
             S.baselines.c.problem == problem.name, S.baselines.c.spec_hash == problem.spec_hash(),
             S.baselines.c.shape_key == json.dumps(dict(shape), sort_keys=True),
@@ -512,11 +571,11 @@ class Store:
     def record_llm_call(self, row: dict) -> None:
         self._write(S.llm_calls, _jsonable(row))
 
-    def llm_calls(self, run_id: str | None = None) -> list[dict]:
+    def llm_calls(self, run_id: str | None = None) -> list[LlmCall]:
         q = select(S.llm_calls).order_by(S.llm_calls.c.id)
         if run_id:
             q = q.where(S.llm_calls.c.run_id == run_id)
-        return self._rows(q)
+        return self._typed(LlmCall, q)
 
     # -- lessons --------------------------------------------------------------------------------------
     # A lesson's identity is ``data["key"]``; each status change (or a material update of its
@@ -528,34 +587,33 @@ class Store:
                                           agent=agent, text=text, data=_jsonable(data), run_id=run_id))
         return int(res.inserted_primary_key[0]) if res is not None else None
 
-    def lessons(self, problem: str | None = None, limit: int = 50) -> list[dict]:
+    def lessons(self, problem: str | None = None, limit: int = 50) -> list[Lesson]:
         """The latest ``limit`` lesson rows of this hardware (every status change), newest first."""
         q = select(S.lessons).where(S.lessons.c.hardware_id == self.hardware["id"])
         if problem:
             q = q.where(S.lessons.c.problem == problem)
-        return self._rows(q.order_by(S.lessons.c.id.desc()).limit(limit))
+        return self._typed(Lesson, q.order_by(S.lessons.c.id.desc()).limit(limit))
 
-    def current_lessons(self, problem: str | None = None, include_retired: bool = False) -> list[dict]:
+    def current_lessons(self, problem: str | None = None, include_retired: bool = False) -> list[Lesson]:
         """Each lesson as it stands (its latest row, any hardware), oldest first; ``history`` holds
         its earlier rows. Active ones only unless ``include_retired``."""
         q = select(S.lessons).order_by(S.lessons.c.id)
         if problem:
             q = q.where(S.lessons.c.problem == problem)
-        latest: dict[str, dict] = {}
-        for row in self._rows(q):
-            key = (row["data"] or {}).get("key") or f"row:{row['id']}"
-            row["key"], row["status"] = key, (row["data"] or {}).get("status", "active")
-            row["history"] = [*latest[key]["history"], _without_history(latest[key])] if key in latest else []
-            latest[key] = row
-        rows = sorted(latest.values(), key=lambda r: r["id"])
-        return [r for r in rows if include_retired or r["status"] == "active"]
+        latest: dict[str, Lesson] = {}
+        for row in self._typed(Lesson, q):
+            before = latest.get(row.key)
+            history = (*before.history, dataclasses.replace(before, history=())) if before else ()
+            latest[row.key] = dataclasses.replace(row, history=history)
+        rows = sorted(latest.values(), key=lambda r: r.id)
+        return [r for r in rows if include_retired or r.status == "active"]
 
     def evaluated_problems(self) -> list[str]:
         """Names of the problems that have evaluations, in name order."""
         return [r["problem"] for r in self._rows(select(S.evaluations.c.problem).distinct()
                                                   .order_by(S.evaluations.c.problem))]
 
-    def knob_evidence(self, problem: str) -> list[dict]:
+    def knob_evidence(self, problem: str) -> list[KnobEvidence]:
         """Every evaluation of ``problem`` (any hardware) with its candidate's knobs and agent and
         what its measurement quality is read from (``ci_low``, ``ci_high``, ``contention``: the
         evidence's, None where not recorded): what the analyst and the cost model read. One query,
@@ -565,7 +623,40 @@ class Store:
                     e.c.purpose, e.c.outcome, e.c.speedup, e.c.ci_low, e.c.ci_high,
                     e.c.evidence["contention"].label("contention"), e.c.shapes, e.c.run_id, c.c.knobs, c.c.agent)
              .join(c, c.c.id == e.c.candidate_id).where(e.c.problem == problem).order_by(e.c.id))
-        return self._rows(q)
+        return self._typed(KnobEvidence, q)
+
+    # -- engine profiles ------------------------------------------------------------------------------
+    def profiles(self, model_sha256: str | None = None, hardware_id: str | None = None,
+                 tools: dict | None = None) -> list[Profile]:
+        """The engine profiles (``rows.Profile``), newest first: per engine problem, spec and
+        hardware, its latest champions row that names a design, with the design's candidate and
+        the measured evaluation that made it champion (one whose evaluation is not measured, or
+        is missing, is none). Only those of the model file ``model_sha256``, the hardware
+        ``hardware_id`` and the toolchain ``tools`` (``rows.TOOL_KEYS``), where given: a profile
+        is keyed by the three. One query over the champions, evaluations and candidates tables
+        (no table of its own: every store that holds engine champions has its profiles)."""
+        ch, e, c = S.champions, S.evaluations, S.candidates
+        q = (select(ch.c.problem, ch.c.problem_spec, ch.c.hardware_id, ch.c.run_id, ch.c.created_at, ch.c.speedup,
+                    ch.c.reason, c.c.id.label("design"), c.c.source, c.c.knobs, e.c.outcome, e.c.hardware, e.c.tools,
+                    e.c.evidence)
+             .select_from(ch.outerjoin(e, e.c.id == ch.c.evaluation_id).outerjoin(c, c.c.id == ch.c.candidate_id))
+             .where(ch.c.problem.like("engine:%"), ch.c.candidate_id.is_not(None))
+             .order_by(ch.c.id.desc()))
+        seen, out = set(), []
+        for row in self._rows(q):
+            key = (row["problem"], row["problem_spec"], row["hardware_id"])
+            if key in seen:
+                continue
+            seen.add(key)
+            if row["design"] is None or row["outcome"] not in MEASURED:
+                continue
+            prof = _profile(row)
+            if ((model_sha256 is None or prof.model_sha256 == model_sha256)
+                    and (hardware_id is None or prof.hardware_id == hardware_id)
+                    and (tools is None or all(prof.tools.get(k) == tools.get(k) for k in TOOL_KEYS))):
+                out.append(prof)
+        return out
+
 
 def _create_schema(engine: Engine) -> None:
     """Create the tables; two coordinators starting on one new PostgreSQL store race here (the
@@ -579,8 +670,20 @@ def _create_schema(engine: Engine) -> None:
                 raise
 
 
-def _without_history(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k != "history"}
+def _candidate_values(cand: dict[str, Any] | CandidateRow) -> dict[str, Any]:
+    """A candidate's columns: a ``candidate_record`` as it is, a row's fields."""
+    return cand.as_dict() if isinstance(cand, CandidateRow) else dict(cand)
+
+
+def _profile(row: dict) -> Profile:
+    """An engine profile from ``Store.profiles``'s joined columns."""
+    evidence = row["evidence"] or {}
+    return Profile(id=row["design"], problem=row["problem"], run_id=row["run_id"], created_at=row["created_at"],
+                   speedup=row["speedup"], reason=row["reason"], config_yaml=row["source"],
+                   knobs=row["knobs"] or {}, hardware_id=row["hardware_id"], hardware=row["hardware"] or {},
+                   tools=row["tools"] or {}, model_sha256=evidence.get("model_sha256", ""),
+                   serving=evidence.get("serving", {}), description=evidence.get("design", ""),
+                   contention=contention(evidence))
 
 
 def _tools_key() -> str:

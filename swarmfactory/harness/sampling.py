@@ -27,7 +27,7 @@ import numpy as np
 
 from swarmfactory.harness.arena import Arena, mutation_indices, rewritten, rotation
 from swarmfactory.harness.candidate import CandidateProcess
-from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.outcome import Outcome, Rejected
 from swarmfactory.harness.slots import SlotGroup
 from swarmfactory.harness.verify import check_slot, expected_for
 from swarmfactory.problems.spec import NP_DTYPES, Case, Problem

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.outcome import Outcome, Rejected
 
 MAX_ITERS = 1 << 22
 

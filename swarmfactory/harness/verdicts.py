@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from swarmfactory import contention
-from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
+from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.harness.roofline import fraction
 from swarmfactory.harness.rounds import RoundsLog
 from swarmfactory.harness.timing import geomean, median_ci
@@ -88,33 +88,12 @@ def decide(problem: Problem, setups: list[dict], log: RoundsLog, roofs: dict | N
                        "measure", evidence=evidence)
     shapes, ratios, beyond, slower, by_dispatch = [], [], [], [], []
     for s in setups:
-        c = np.array(s["times"]["candidate"])[clean]
-        b = np.array(s["times"]["baseline"])[clean]
-        ref = np.array(s["times"]["reference"])
-        med, lo, hi = median_ci(b / c, cfg.bootstrap_resamples)
-        lo, hi = widen(med, lo, hi, sigma)
-        ratios.append(b / c)
-        label = problem.shape_label(s["shape"])
-        if hi < 1.0:
-            slower.append(f"{label}: {med:.2f}x [{lo:.2f}, {hi:.2f}]")
-        dispatch = s.get("dispatch_ns")
-        if dispatch and lo > 1.0 + cfg.min_effect:
-            free = np.maximum(b - dispatch, 0.1 * b) / c
-            if float(np.median(free)) <= 1.0 + cfg.min_effect:
-                by_dispatch.append(f"{label} ({float(np.median(free)):.2f}x without dispatch)")
-        frac = None
-        if roofs is not None:
-            rl = problem.roofline(s["shape"])
-            frac = fraction(roofs, rl.bytes, rl.flops, float(np.median(c)) * 1e-9)
-            if frac is None:  # faster than the roof allows: the roof, not the kernel, is wrong
-                beyond.append(label)
-            else:
-                frac = min(frac, 1.0)
-        shapes.append(ShapeTiming(
-            shape=dict(s["shape"]), candidate_us=float(np.median(c)) / 1e3,
-            baseline_us=float(np.median(b)) / 1e3, reference_us=float(np.median(ref)) / 1e3,
-            speedup=med, ci_low=lo, ci_high=hi, vs_reference=float(np.median(ref) / np.median(c)),
-            roofline_fraction=frac))
+        timing, ratio, notes = _shape(problem, s, clean, roofs, cfg, sigma)
+        shapes.append(timing)
+        ratios.append(ratio)
+        for where, note in zip((slower, by_dispatch, beyond), notes):
+            if note:
+                where.append(note)
     per_round = objective_per_round(np.vstack(ratios), weights(problem, objective), objective)
     med, lo, hi = median_ci(per_round, cfg.bootstrap_resamples)
     lo, hi = widen(med, lo, hi, sigma)
@@ -149,6 +128,39 @@ def decide(problem: Problem, setups: list[dict], log: RoundsLog, roofs: dict | N
                    shapes=shapes, flags=flags, evidence=evidence)
 
 
+def _shape(problem: Problem, s: dict, clean, roofs: dict | None, cfg, sigma: float):
+    """One workload shape over the clean rounds: its ``ShapeTiming``, the per-round speedups, and
+    what it says against the verdict (significantly slower; faster only by torch's dispatch;
+    beyond the measured roof), each None if not."""
+    c = np.array(s["times"]["candidate"])[clean]
+    b = np.array(s["times"]["baseline"])[clean]
+    ref = np.array(s["times"]["reference"])
+    med, lo, hi = median_ci(b / c, cfg.bootstrap_resamples)
+    lo, hi = widen(med, lo, hi, sigma)
+    label = problem.shape_label(s["shape"])
+    slower = f"{label}: {med:.2f}x [{lo:.2f}, {hi:.2f}]" if hi < 1.0 else None
+    by_dispatch = None
+    dispatch = s.get("dispatch_ns")
+    if dispatch and lo > 1.0 + cfg.min_effect:
+        free = np.maximum(b - dispatch, 0.1 * b) / c
+        if float(np.median(free)) <= 1.0 + cfg.min_effect:
+            by_dispatch = f"{label} ({float(np.median(free)):.2f}x without dispatch)"
+    frac = beyond = None
+    if roofs is not None:
+        rl = problem.roofline(s["shape"])
+        frac = fraction(roofs, rl.bytes, rl.flops, float(np.median(c)) * 1e-9)
+        if frac is None:  # faster than the roof allows: the roof, not the kernel, is wrong
+            beyond = label
+        else:
+            frac = min(frac, 1.0)
+    timing = ShapeTiming(
+        shape=dict(s["shape"]), candidate_us=float(np.median(c)) / 1e3,
+        baseline_us=float(np.median(b)) / 1e3, reference_us=float(np.median(ref)) / 1e3,
+        speedup=med, ci_low=lo, ci_high=hi, vs_reference=float(np.median(ref) / np.median(c)),
+        roofline_fraction=frac)
+    return timing, b / c, (slower, by_dispatch, beyond)
+
+
 def between_spread(store, problem: Problem) -> dict:
     """How much one kernel's log speedup moves between evaluations on this machine, beyond what
     the rounds of one evaluation show: the pooled standard deviation of the log speedups of every
@@ -163,8 +175,8 @@ def between_spread(store, problem: Problem) -> dict:
         return {"sigma": BETWEEN_FLOOR, "source": "default (no store)"}
     logs: dict[str, list[float]] = {}
     for e in store.measured_figures(problem):
-        if e["speedup"] and e["speedup"] > 0 and not busy(e["contention"]):
-            logs.setdefault(e["candidate_id"], []).append(math.log(e["speedup"]))
+        if e.speedup and e.speedup > 0 and not busy(e.contention):
+            logs.setdefault(e.candidate_id, []).append(math.log(e.speedup))
     ss = dof = 0.0
     for xs in logs.values():
         if len(xs) > 1:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.outcome import Outcome, Rejected
 from swarmfactory.harness.accuracy import ErrorStats, error_vs_torch, torch_errors
 from swarmfactory.problems.spec import Case, Problem, to_torch
 

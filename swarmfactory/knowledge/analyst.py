@@ -50,6 +50,7 @@ re-recorded, with fresh figures, once its support has grown by half.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -61,11 +62,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from swarmfactory.agents.base import knob_key
+from swarmfactory.evidence.rows import KnobEvidence, Lesson
+from swarmfactory.outcome import MEASURED, MISBEHAVED
+from swarmfactory.problems.spec import knob_key
 
 AGENT = "analyst"
-CORRECT = ("faster", "not_faster")
-INVALIDATING = ("wrong", "cheated", "crashed")
 MIN_PAIRS = 4          # matched pairs for a matched estimate
 MIN_PER_SIDE = 6       # configurations on each side for an unmatched one
 MIN_EFFECT = 1.05      # a new lesson's better value is at least 5% faster
@@ -155,41 +156,41 @@ def hardware_label(info: dict) -> str:
 
 
 # -- evidence ------------------------------------------------------------------------------------------
-def configurations(rows: list[dict], spec: str, hardware_id: str) -> tuple[dict[str, Config], list[dict]]:
+def configurations(rows: list[KnobEvidence], spec: str, hardware_id: str) -> tuple[dict[str, Config], list[dict]]:
     """The measured configurations of one spec on one machine, and the workload shapes seen."""
-    rows = [r for r in rows if r["problem_spec"] == spec and r["hardware_id"] == hardware_id]
-    bad = {r["candidate_id"] for r in rows if r["outcome"] in INVALIDATING}
-    groups: dict[str, list[tuple[dict, float]]] = {}
+    rows = [r for r in rows if r.problem_spec == spec and r.hardware_id == hardware_id]
+    bad = {r.candidate_id for r in rows if r.outcome in MISBEHAVED}
+    groups: dict[str, list[tuple[KnobEvidence, float]]] = {}
     shapes: dict[str, dict] = {}
     for r in rows:
-        if (r["candidate_id"] in bad or r["outcome"] not in CORRECT or not isinstance(r["knobs"], dict)
-                or not r["knobs"] or not r["speedup"] or r["speedup"] <= 0):
+        if (r.candidate_id in bad or r.outcome not in MEASURED or not isinstance(r.knobs, dict)
+                or not r.knobs or not r.speedup or r.speedup <= 0):
             continue
         w = quality(r)
         if w <= 0:
             continue  # measured on a busy machine: not evidence
-        groups.setdefault(knob_key(r["knobs"]), []).append((r, w))
-        for s in r["shapes"] or []:
+        groups.setdefault(knob_key(r.knobs), []).append((r, w))
+        for s in r.shapes or []:
             shapes.setdefault(shape_key(s["shape"]), dict(s["shape"]))
     configs = {}
     for key, evs in groups.items():
         per_shape: dict[str, list[tuple[float, float]]] = {}
         for ev, w in evs:
-            for s in ev["shapes"] or []:
+            for s in ev.shapes or []:
                 if s.get("speedup") and s["speedup"] > 0:
                     per_shape.setdefault(shape_key(s["shape"]), []).append((math.log(s["speedup"]), w))
-        configs[key] = Config(dict(evs[0][0]["knobs"]), [e["id"] for e, _ in evs],
-                              _weighted([(math.log(e["speedup"]), w) for e, w in evs]),
+        configs[key] = Config(dict(evs[0][0].knobs), [e.id for e, _ in evs],
+                              _weighted([(math.log(e.speedup), w) for e, w in evs]),
                               {k: _weighted(v) for k, v in per_shape.items()})
     return configs, list(shapes.values())
 
 
-def quality(row: dict) -> float:
+def quality(row: KnobEvidence) -> float:
     """An evaluation's weight in a configuration's figure (``evidence.quality.weight``: 0 for one
-    measured on a busy machine; rows without the columns weigh 1)."""
+    measured on a busy machine; one without an interval or contention recorded weighs 1)."""
     from swarmfactory.evidence.quality import weight
 
-    return weight(row["speedup"], row.get("ci_low"), row.get("ci_high"), row.get("contention", row.get("evidence")))
+    return weight(row.speedup, row.ci_low, row.ci_high, row.contention)
 
 
 def _weighted(pairs: list[tuple[float, float]]) -> float:
@@ -339,17 +340,18 @@ class Analyst:
             current = self.store.current_lessons(name, include_retired=True)
             machines: dict[str, dict] = {}
             for r in rows:
-                machines[r["hardware_id"]] = r["hardware"]
+                machines[r.hardware_id] = r.hardware
             for hw_id, hw in machines.items():
                 if hw_filter is not None and hw_id not in hw_filter:
                     continue
                 spec = problem.spec_hash() if problem is not None else \
-                    next(r["problem_spec"] for r in reversed(rows) if r["hardware_id"] == hw_id)
-                mine = {r["key"]: r for r in current if r["hardware_id"] == hw_id}
+                    next(r.problem_spec for r in reversed(rows) if r.hardware_id == hw_id)
+                mine = {r.key: r for r in current if r.hardware_id == hw_id}
                 written += self._analyse(name, problem, spec, hw_id, hardware_info(hw), rows, mine, run_id)
         return written
 
-    def _analyse(self, name, problem, spec, hw_id, hw, rows, current, run_id) -> list[dict]:
+    def _analyse(self, name, problem, spec, hw_id, hw, rows: list[KnobEvidence], current: dict[str, Lesson],
+                 run_id) -> list[dict]:
         configs, shapes = configurations(rows, spec, hw_id)
         if len(configs) < 2:
             return []
@@ -404,8 +406,8 @@ class Analyst:
         out = []
         # re-check every lesson of this problem and machine on the evidence there is now
         for key, row in current.items():
-            d = row["data"]
-            if row["status"] != "active" or d.get("spec", spec) != spec:
+            d = row.data
+            if row.status != "active" or d.get("spec", spec) != spec:
                 continue
             knob, better, worse, scope = d["knob"], d["better"], d["worse"], d.get("scope")
             if scope is not None and not all(s in by_key for s in scope):
@@ -424,10 +426,11 @@ class Analyst:
             data = {**d, "status": "retired", "why": why,
                     "recheck": {"effect": r, "ci_low": lo, "ci_high": hi, "evaluations": len(e.support),
                                 "pairs": e.pairs, "method": e.method, "support": e.support}}
-            self.store.add_lesson(name, AGENT, row["text"], data, run_id, hardware_id=hw_id)
-            out.append({"key": key, "problem": name, "status": "retired", "text": row["text"], "why": why})
-            current[key] = {**row, "status": "retired", "data": data}
-        # new lessons, and retired ones whose claim qualifies again
+            self.store.add_lesson(name, AGENT, row.text, data, run_id, hardware_id=hw_id)
+            out.append({"key": key, "problem": name, "status": "retired", "text": row.text, "why": why})
+            current[key] = dataclasses.replace(row, data=data)
+        # new lessons, and retired ones whose claim qualifies again (once each)
+        derived: set[str] = set()
         for knob, a, b, scope, e in claims:
             if e.qualifies() == 0:
                 continue
@@ -437,13 +440,13 @@ class Analyst:
                 continue
             key = lesson_key(name, hw_id, knob, better, worse, scope)
             prev = current.get(key)
-            if prev is not None and prev["status"] == "active" and prev["data"].get("spec", spec) == spec:
+            if key in derived or (prev is not None and prev.status == "active" and prev.data.get("spec", spec) == spec):
                 continue
-            why = ("new" if prev is None else "re-established: the claim qualifies again" if prev["status"] != "active"
+            why = ("new" if prev is None else "re-established: the claim qualifies again" if prev.status != "active"
                    else "re-derived for the problem's current spec")
             out.append(self._write(name, hw_id, hw, spec, knob, a, b, scope, e, a_better, features(knob, scope),
                                    "active", why, run_id, comparisons))
-            current[key] = {"status": "active", "data": {"spec": spec}}
+            derived.add(key)
         return out
 
     def _write(self, name, hw_id, hw, spec, knob, a, b, scope, e: Estimate, a_better: bool, features: dict,

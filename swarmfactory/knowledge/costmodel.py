@@ -29,17 +29,19 @@ a busy machine make no row at all.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
 
+from swarmfactory.evidence.rows import KnobEvidence
+from swarmfactory.outcome import MEASURED, REJECTED, Outcome
+
 FAIL = -2.0          # relative log speedup a failed configuration trains as (e^-2: 7x below the median)
 OWN_WEIGHT = 4.0     # least weight of a row of the searched problem on this machine
 OWN_SHARE_AT = 20    # own rows at which they weigh as much as all transferred rows together
 MAX_ROWS = 6000      # most recent rows a model trains on (the store can hold far more)
-CORRECT = ("faster", "not_faster")
-FAILED = ("wrong", "crashed", "timed_out", "build_failed", "cheated")
 
 
 def _log10(x: float) -> float:
@@ -122,9 +124,9 @@ def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup:
              weight: float = 1.0) -> Row | None:
     """A training row, or None for an outcome that says nothing about speed (``inconclusive``,
     ``verified``; a measurement of ``weight`` 0, taken on a busy machine)."""
-    if outcome in CORRECT and speedup and weight > 0:
+    if outcome in MEASURED and speedup and weight > 0:
         log_s = math.log(speedup)
-    elif outcome in FAILED:
+    elif outcome in REJECTED:
         log_s, weight = None, 1.0
     else:
         return None
@@ -132,24 +134,26 @@ def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup:
     return Row(problem.name, (hardware or {}).get("id", "?"), feats, dict(knobs), log_s, weight=weight)
 
 
-def rows_from_evidence(evidence: Iterable[dict], problems: dict | None = None) -> list[Row]:
-    """Rows from ``Store.knob_evidence`` (or recorded sweep) dicts: problem, hardware, knobs,
-    outcome, speedup (and, where recorded, ci_low, ci_high, contention). A configuration
+def rows_from_evidence(evidence: Iterable[KnobEvidence | Mapping], problems: dict | None = None) -> list[Row]:
+    """Rows from ``Store.knob_evidence`` rows, or recorded sweep records in the same names
+    (``benchmarks/data``): problem, hardware, knobs, outcome, speedup (and, where recorded,
+    ci_low, ci_high, contention). A configuration
     evaluated several times on one machine counts once (failed if it ever failed), at the
     geometric mean of its speedups weighted by their measurement quality
     (``evidence.quality.weight``; a measurement on a busy machine weighs 0 and is left out), the
     row weighing as much as its best measurement. Problems that cannot be loaded here (a user's
     file that moved) are skipped."""
-    from swarmfactory.agents.base import knob_key
+    from swarmfactory.problems.spec import knob_key
     from swarmfactory.evidence.quality import weight
     from swarmfactory.problems import ProblemError, load_problem
 
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[KnobEvidence]] = {}
     for ev in evidence:
-        if not ev.get("knobs"):
+        ev = ev if isinstance(ev, KnobEvidence) else KnobEvidence.of(ev)
+        if not ev.knobs:
             continue
-        hw = ev.get("hardware") or {}
-        groups.setdefault((ev["problem"], hw.get("id"), knob_key(ev["knobs"])), []).append(ev)
+        hw = ev.hardware or {}
+        groups.setdefault((ev.problem, hw.get("id"), knob_key(ev.knobs)), []).append(ev)
     out = []
     cache: dict[str, Any] = dict(problems or {})
     for (name, _hw, _k), evs in groups.items():
@@ -161,15 +165,14 @@ def rows_from_evidence(evidence: Iterable[dict], problems: dict | None = None) -
         problem = cache[name]
         if problem is None:
             continue
-        failed = [e for e in evs if e["outcome"] in FAILED]
-        good = [(e["speedup"], w) for e in evs if e["outcome"] in CORRECT and e.get("speedup")
-                for w in [weight(e["speedup"], e.get("ci_low"), e.get("ci_high"), e.get("contention", e.get("evidence")))]
-                if w > 0]
+        failed = [e for e in evs if e.outcome in REJECTED]
+        good = [(e.speedup, w) for e in evs if e.outcome in MEASURED and e.speedup
+                for w in [weight(e.speedup, e.ci_low, e.ci_high, e.contention)] if w > 0]
         if failed:
-            row = make_row(problem, evs[0].get("hardware"), evs[0]["knobs"], failed[0]["outcome"], None)
+            row = make_row(problem, evs[0].hardware, evs[0].knobs, failed[0].outcome.value, None)
         elif good:
             total = sum(w for _, w in good)
-            row = make_row(problem, evs[0].get("hardware"), evs[0]["knobs"], "faster",
+            row = make_row(problem, evs[0].hardware, evs[0].knobs, Outcome.FASTER.value,
                            math.exp(sum(math.log(s) * w for s, w in good) / total), max(w for _, w in good))
         else:
             row = None

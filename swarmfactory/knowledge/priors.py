@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarmfactory.evidence.rows import Lesson
 from swarmfactory.knowledge.analyst import isa_label
 
 SHARPNESS = 3.0
@@ -60,42 +61,42 @@ def _problem_bytes(problem) -> float | None:
     return _mid_log_bytes([min(b), max(b)])
 
 
-def relevance(lesson: dict, problem, hardware: dict) -> float:
+def relevance(lesson: Lesson, problem, hardware: dict) -> float:
     """How much an (active) lesson says about ``problem`` on the machine ``hardware``; 0: nothing."""
-    d = lesson["data"] or {}
+    d = lesson.data or {}
     knob = d.get("knob")
     if knob not in problem.knobs or d.get("better") not in problem.knobs[knob] \
             or d.get("worse") not in problem.knobs[knob] or not d.get("effect"):
         return 0.0
     feats = d.get("features") or {}
     w = float(feats.get("coverage", 1.0))
-    if lesson["hardware_id"] != hardware.get("id"):
+    if lesson.hardware_id != hardware.get("id"):
         same_isa = (d.get("hardware") or {}).get("isa") == isa_label(hardware.get("features") or ())
         w *= OTHER_MACHINE * (1.0 if same_isa else OTHER_ISA)
-    if lesson["problem"] != problem.name:
+    if lesson.problem != problem.name:
         there, here = _mid_log_bytes(feats.get("bytes")), _problem_bytes(problem)
         w *= OTHER_PROBLEM * (math.exp(-abs(there - here)) if there is not None and here is not None else 0.5)
     return w
 
 
-def knowledge_for(problem, lessons: list[dict], hardware: dict) -> Knowledge:
+def knowledge_for(problem, lessons: list[Lesson], hardware: dict) -> Knowledge:
     """Priors and prompt lines for ``problem`` from ``lessons`` (``Store.current_lessons()``
     rows; retired ones are ignored)."""
     scored = []
     for row in lessons:
-        if row.get("status", (row["data"] or {}).get("status")) != "active":
+        if row.status != "active":
             continue
         w = relevance(row, problem, hardware)
         if w >= MIN_WEIGHT:
             scored.append((w, row))
-    scored.sort(key=lambda t: (-t[0], -t[1]["data"]["effect"]))
+    scored.sort(key=lambda t: (-t[0], -t[1].data["effect"]))
     scores: dict[str, dict[Any, float]] = {}
     for w, row in scored:
-        d = row["data"]
+        d = row.data
         s = scores.setdefault(d["knob"], {})
         step = w * math.log(d["effect"]) / 2
         s[d["better"]] = s.get(d["better"], 0.0) + step
         s[d["worse"]] = s.get(d["worse"], 0.0) - step
     priors = {k: {v: math.exp(SHARPNESS * x) for v, x in vals.items()} for k, vals in scores.items()}
-    lines = [row["text"] for _, row in scored[:MAX_LINES]]
-    return Knowledge(lines, priors, [(row["key"], w) for w, row in scored])
+    lines = [row.text for _, row in scored[:MAX_LINES]]
+    return Knowledge(lines, priors, [(row.key, w) for w, row in scored])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.evidence.store import Store
 from swarmfactory.report.charts import curve_svg, stacked_bars_svg
 from swarmfactory.swarm.summary import confirmation_text, summarize
@@ -45,8 +46,9 @@ def _chart_title(p: dict, final: dict | None) -> str:
     return f'<p class="chart">{text}</p>'
 
 
-def lineage(store: Store, candidate_id: str, limit: int = 30) -> list[dict]:
-    """The champion and its ancestors, breadth-first through ``parents``."""
+def lineage(store: Store, candidate_id: str, limit: int = 30) -> list[tuple[CandidateRow, float | None]]:
+    """The champion and its ancestors, breadth-first through ``parents``, each with its best
+    speedup in any evaluation."""
     out, queue, seen = [], [candidate_id], set()
     while queue and len(out) < limit:
         cid = queue.pop(0)
@@ -57,9 +59,8 @@ def lineage(store: Store, candidate_id: str, limit: int = 30) -> list[dict]:
         if cand is None:
             continue
         evs = store.evaluations(candidate_id=cid)
-        best = max((e["speedup"] for e in evs if e["speedup"] is not None), default=None)
-        out.append({**cand, "speedup": best, "outcomes": sorted({e["outcome"] for e in evs})})
-        queue.extend(cand["parents"] or [])
+        out.append((cand, max((e.speedup for e in evs if e.speedup is not None), default=None)))
+        queue.extend(cand.parents or [])
     return out
 
 
@@ -111,8 +112,8 @@ def render(store: Store, run_id: str | None = None) -> str:
             continue
         when = ""
         if final and final["remeasured"]:
-            searched = [e["speedup"] for e in store.evaluations(candidate_id=c["candidate_id"], run_id=s["run_id"])
-                        if e["purpose"] == "search" and e["speedup"] is not None]
+            searched = [e.speedup for e in store.evaluations(candidate_id=c["candidate_id"], run_id=s["run_id"])
+                        if e.purpose == "search" and e.speedup is not None]
             when = " (re-measured at the end of the run" + (
                 f"; {searched[-1]:.2f}x when the search measured it)" if searched else ")")
         parts.append(f"<p><b>champion</b> {_e(c['candidate_id'])} by {_e(c['agent'])}/{_e(c['operator'])}: "
@@ -128,12 +129,12 @@ def render(store: Store, run_id: str | None = None) -> str:
                          f"<td>{_f(sh['roofline_fraction'], '.0%')}</td></tr>")
         parts.append("</table><h3>lineage</h3><table><tr><th>candidate</th><th>agent</th><th>operator</th>"
                      "<th>gen</th><th>best speedup</th><th>knobs</th><th>parents</th></tr>")
-        for anc in lineage(store, c["candidate_id"]):
-            parts.append(f"<tr><td>{_e(anc['id'])}</td><td>{_e(anc['agent'])}</td><td>{_e(anc['operator'])}</td>"
-                         f"<td>{anc['generation']}</td><td>{_f(anc['speedup'])}</td><td>{_e(anc['knobs'])}</td>"
-                         f"<td>{_e(', '.join(anc['parents'] or []))}</td></tr>")
+        for anc, best in lineage(store, c["candidate_id"]):
+            parts.append(f"<tr><td>{_e(anc.id)}</td><td>{_e(anc.agent)}</td><td>{_e(anc.operator)}</td>"
+                         f"<td>{anc.generation}</td><td>{_f(best)}</td><td>{_e(anc.knobs)}</td>"
+                         f"<td>{_e(', '.join(anc.parents or []))}</td></tr>")
         parts.append("</table><h3>champion source</h3>")
-        parts.append(f"<pre>{_e(store.candidate(c['candidate_id'])['source'])}</pre>")
+        parts.append(f"<pre>{_e(store.candidate(c['candidate_id']).source)}</pre>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

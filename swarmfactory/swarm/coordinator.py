@@ -36,9 +36,10 @@ from swarmfactory.agents.base import Board, Entry, Proposal, knob_key
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence.leases import CLAIMED, Leases
 from swarmfactory.evidence.quality import weight
+from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.evidence.store import Store, StoreWriteError
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.knowledge.analyst import Analyst
 from swarmfactory.knowledge.costmodel import evidence_rows
 from swarmfactory.knowledge.priors import Knowledge, knowledge_for
@@ -117,13 +118,13 @@ class Coordinator(Factory):
             row = store.run(resume)
             if row is None:
                 raise RunError(f"no run {resume!r} in {store.shown}")
-            if row["status"] == "finished":
+            if row.status == "finished":
                 raise RunError(f"run {resume} already finished; start a new run (its champions carry over)")
             self.run_id = resume
             # the recorded configuration, but a budget or time limit given now replaces the recorded one
             self._new_limits = {k: getattr(config, k) for k in ("budget", "time_s")
                                 if config is not None and getattr(config, k) is not None}
-            config = RunConfig.build(**{**row["config"], **self._new_limits})
+            config = RunConfig.build(**{**row.config, **self._new_limits})
             self._check_limits_left(config)
         else:
             self.run_id = None
@@ -185,28 +186,28 @@ class Coordinator(Factory):
             # draws continue where the evaluations recorded here left off, so runs go on round the cycle
             st = ProblemState(p, cases, vversion, draw=len(evs))
             for ev in evs:
-                if ev["problem_spec"] != p.spec_hash() or ev["hardware_id"] != hw:
+                if ev.problem_spec != p.spec_hash() or ev.hardware_id != hw:
                     continue
-                if ev["validation_version"] == vversion:
-                    st.seen.add(ev["candidate_id"])
-                cand = self.store.candidate(ev["candidate_id"])
-                if cand is not None and ev["purpose"] in ("search", "eval"):
-                    st.entries.append(self._entry(cand, ev["outcome"], ev["speedup"], ev["detail"],
-                                                  weight(ev["speedup"], ev["ci_low"], ev["ci_high"], ev["evidence"])))
+                if ev.validation_version == vversion:
+                    st.seen.add(ev.candidate_id)
+                cand = self.store.candidate(ev.candidate_id)
+                if cand is not None and ev.purpose in ("search", "eval"):
+                    st.entries.append(self._entry(cand, ev.outcome.value, ev.speedup, ev.detail,
+                                                  weight(ev.speedup, ev.ci_low, ev.ci_high, ev.evidence)))
             self._sync_champion(st)
             states[p.name] = st
         return states
 
     @staticmethod
-    def _entry(cand: dict, outcome: str, speedup, detail: str, quality: float = 1.0) -> Entry:
-        return Entry(cand["id"], cand["knobs"], outcome, speedup, cand["agent"], cand["generation"], detail, quality)
+    def _entry(cand: CandidateRow, outcome: str, speedup, detail: str, quality: float = 1.0) -> Entry:
+        return Entry(cand.id, cand.knobs, outcome, speedup, cand.agent, cand.generation, detail, quality)
 
     def _sync_champion(self, st: ProblemState) -> None:
         """The board's champion: the store's (another coordinator on this hardware, an ``eval``
         or a re-measure may have changed it), at its confirmed figure."""
         champ = self.store.champion(st.problem)
-        cand = self.store.candidate(champ["candidate_id"]) if champ else None
-        st.champion = self._entry(cand, "faster", champ["speedup"], "champion") if cand else None
+        cand = self.store.candidate(champ.candidate_id) if champ else None
+        st.champion = self._entry(cand, Outcome.FASTER.value, champ.speedup, "champion") if cand else None
 
     def _check_limits_left(self, config: RunConfig) -> None:
         """A resumed run's new limits must leave it something to do (they count the whole run)."""
@@ -218,16 +219,16 @@ class Coordinator(Factory):
                            "leaves none (the time counts the whole run): give a longer --time")
 
     def _done_in_run(self) -> int:
-        return sum(1 for e in self.store.evaluations(run_id=self.run_id) if e["purpose"] == "search")
+        return sum(1 for e in self.store.evaluations(run_id=self.run_id) if e.purpose == "search")
 
     def _replay_bandit(self) -> None:
-        champs = {r["candidate_id"] for p in self.problems for r in self.store.champion_history(p.name)
-                  if r["run_id"] == self.run_id}
+        champs = {r.candidate_id for p in self.problems for r in self.store.champion_history(p.name)
+                  if r.run_id == self.run_id}
         for ev in self.store.evaluations(run_id=self.run_id):
-            cand = self.store.candidate(ev["candidate_id"])
-            if ev["purpose"] == "search" and cand and cand["agent"] in self.agents:
-                self.bandit.reward(cand["agent"], ev["outcome"], ev["candidate_id"] in champs)
-                self.counts[ev["outcome"]] += 1
+            cand = self.store.candidate(ev.candidate_id)
+            if ev.purpose == "search" and cand and cand.agent in self.agents:
+                self.bandit.reward(cand.agent, ev.outcome.value, ev.candidate_id in champs)
+                self.counts[ev.outcome.value] += 1
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> str:
@@ -319,7 +320,7 @@ class Coordinator(Factory):
         evs = self.store.evaluations(run_id=self.run_id)
         if not evs:
             return 0.0
-        start, last = run["created_at"], evs[-1]["created_at"]
+        start, last = run.created_at, evs[-1].created_at
         return max(0.0, (last - start).total_seconds())
 
     # -- the contract the loop drives (swarm/contract.py) ----------------------------------------
@@ -359,7 +360,7 @@ class Coordinator(Factory):
         self._in_flight += 1
         return self._submit(st.problem, prop.source, st.cases + job.drawn, {"backend": prop.backend})
 
-    def _submit(self, problem: Problem, source: str, cases: list, cand: dict):
+    def _submit(self, problem: Problem, source: str, cases: list, cand: CandidateRow | dict):
         """The executor's evaluation of a candidate in the backend it is written in: the problem's,
         or another the problem takes (a CUDA or PTX kernel of a Triton problem, from `eval`)."""
         backend = problem.backend_of(cand)
@@ -420,8 +421,8 @@ class Coordinator(Factory):
                 cand = self.store.candidate(cid)
                 if cid in st.pending or cand is None:
                     continue
-                return Job(st, Proposal(cand["source"], cand["agent"], cand["operator"], cand["knobs"],
-                                        list(cand["parents"] or []), cand["generation"], cand["backend"]), cid,
+                return Job(st, Proposal(cand.source, cand.agent, cand.operator, cand.knobs,
+                                        list(cand.parents or []), cand.generation, cand.backend), cid,
                            orphan=True)
         return None
 
@@ -557,8 +558,8 @@ class Coordinator(Factory):
         """Shapes and distributions of cases that broke kernels of this problem before."""
         out = []
         for ev in self.store.evaluations(problem=st.problem.name):
-            key = (ev["evidence"] or {}).get("case")
-            if ev["outcome"] == "wrong" and key:
+            key = (ev.evidence or {}).get("case")
+            if ev.outcome == Outcome.WRONG and key:
                 out.append(json.loads(key))
         return out[-50:]
 
@@ -582,8 +583,8 @@ class Coordinator(Factory):
     def _remeasurer(self, st: ProblemState):
         """A fresh re-measure of a candidate (verified on today's cases first, on the executor's
         hardware), recorded with purpose ``remeasure``: what succession calls."""
-        def remeasure(cand: dict) -> int:
-            verdict = result(self._submit(st.problem, cand["source"], st.cases, cand))
+        def remeasure(cand: CandidateRow) -> int:
+            verdict = result(self._submit(st.problem, cand.source, st.cases, cand))
             return self.store.record_verdict(st.problem, cand, verdict, self.run_id, st.vversion, "remeasure")
         return remeasure
 
@@ -594,7 +595,7 @@ class Coordinator(Factory):
             champ = self.store.champion(st.problem)
             if champ is None:
                 continue
-            cand = self.store.candidate(champ["candidate_id"])
+            cand = self.store.candidate(champ.candidate_id)
             remeasure = self._remeasurer(st)
             decision = contend(self.store, st.problem, remeasure(cand), self.run_id, remeasure)
             if decision.change:

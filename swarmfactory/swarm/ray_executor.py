@@ -32,7 +32,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from swarmfactory.harness.evaluate import Harness, HarnessConfig, Prepared
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.problems.spec import Case, Problem
 from swarmfactory.swarm.executors import Executor, ExecutorError
 

@@ -31,14 +31,14 @@ from dataclasses import dataclass
 
 from swarmfactory.contention import BUSY
 from swarmfactory.evidence.quality import busy, describe
-from swarmfactory.harness.outcome import CORRECT, MEASURED
+from swarmfactory.evidence.rows import CandidateRow, Champion, Evaluation
+from swarmfactory.outcome import CORRECT, MEASURED, NO_CLAIM, Outcome
 
 SUCCESSORS = 3   # retained candidates re-measured, best first, after a demotion
-NO_CLAIM = ("inconclusive", "verified", "needs_device")   # correct, no speed claim either way
 
-# A fresh re-measure of a candidate record: measures it (verifying it on today's cases first),
+# A fresh re-measure of a recorded candidate: measures it (verifying it on today's cases first),
 # records the verdict (purpose "remeasure") and returns the evaluation's id.
-Remeasure = Callable[[dict], int]
+Remeasure = Callable[[CandidateRow], int]
 
 
 @dataclass
@@ -50,34 +50,33 @@ class Decision:
     crowned: str | None = None
 
 
-def claims_title(ev: dict) -> bool:
+def claims_title(ev: Evaluation) -> bool:
     """A measurement that may take (or confirm) the title: ``faster``, with a figure, not busy."""
-    return ev["outcome"] == "faster" and bool(ev["speedup"]) and not busy(ev["evidence"])
+    return ev.outcome == Outcome.FASTER and bool(ev.speedup) and not busy(ev.evidence)
 
 
-def speedup_text(ev: dict) -> str:
+def speedup_text(ev: Evaluation) -> str:
     """``1.12x [0.95, 1.53]`` (the interval where there is one)."""
-    ci = (f" [{ev['ci_low']:.2f}, {ev['ci_high']:.2f}]" if ev["ci_low"] is not None and ev["ci_high"] is not None
-          else "")
-    return f"{ev['speedup']:.2f}x{ci}"
+    ci = f" [{ev.ci_low:.2f}, {ev.ci_high:.2f}]" if ev.ci_low is not None and ev.ci_high is not None else ""
+    return f"{ev.speedup:.2f}x{ci}"
 
 
-def figure(ev: dict) -> str:
+def figure(ev: Evaluation) -> str:
     """``not_faster 1.12x [0.95, 1.53]``, ``inconclusive``, ``wrong: <detail>``."""
-    if ev["speedup"] is not None:
-        return f"{ev['outcome']} {speedup_text(ev)}"
-    if ev["outcome"] in CORRECT:
-        return ev["outcome"]
-    return f"{ev['outcome']}: {str(ev['detail'] or '')[:200]}"
+    if ev.speedup is not None:
+        return f"{ev.outcome} {speedup_text(ev)}"
+    if ev.outcome in CORRECT:
+        return ev.outcome.value
+    return f"{ev.outcome}: {str(ev.detail or '')[:200]}"
 
 
-def _when(ev: dict) -> str:
-    t = ev.get("created_at")
+def _when(ev: Evaluation) -> str:
+    t = ev.created_at
     return t.strftime("%Y-%m-%d %H:%M:%S UTC") if hasattr(t, "strftime") else str(t or "?")[:19]
 
 
-def _by(ev: dict) -> str:
-    return "re-measure" if ev["purpose"] == "remeasure" else f"{ev['purpose']} evaluation {ev['id']}"
+def _by(ev: Evaluation) -> str:
+    return "re-measure" if ev.purpose == "remeasure" else f"{ev.purpose} evaluation {ev.id}"
 
 
 def contend(store, problem, evaluation_id: int, run_id: str | None = None,
@@ -87,43 +86,43 @@ def contend(store, problem, evaluation_id: int, run_id: str | None = None,
     (without it a demoted champion has no successor). Evaluations of another problem version or
     another machine change nothing."""
     ev = store.evaluation(evaluation_id)
-    if (ev is None or ev["problem"] != problem.name or ev["problem_spec"] != problem.spec_hash()
-            or ev["hardware_id"] != store.hardware["id"]):
+    if (ev is None or ev.problem != problem.name or ev.problem_spec != problem.spec_hash()
+            or ev.hardware_id != store.hardware["id"]):
         return Decision()
     champ = store.champion(problem)
-    cid = ev["candidate_id"]
-    if champ is not None and champ["candidate_id"] == cid:
+    cid = ev.candidate_id
+    if champ is not None and champ.candidate_id == cid:
         return _judge_champion(store, problem, champ, ev, run_id, remeasure)
     if not claims_title(ev):
         return Decision()
-    held = (champ["speedup"] or 0.0) if champ else None
-    if held is not None and ev["speedup"] <= held:
+    held = (champ.speedup or 0.0) if champ else None
+    if held is not None and ev.speedup <= held:
         return Decision()
-    cand = store.candidate(cid) or {}
+    cand = store.candidate(cid)
     before = f"{held:.2f}x" if held is not None else "none"
-    reason = (f"{ev['speedup']:.2f}x > {before} by {cand.get('agent', '?')}/{cand.get('operator', '?')} "
-              f"({_by(ev)}, {describe(ev['evidence'])})")
-    store.set_champion(problem, cid, ev["id"], ev["speedup"], run_id, reason)
+    by = f"{cand.agent}/{cand.operator}" if cand else "?/?"
+    reason = f"{ev.speedup:.2f}x > {before} by {by} ({_by(ev)}, {describe(ev.evidence)})"
+    store.set_champion(problem, cid, ev.id, ev.speedup, run_id, reason)
     return Decision(f"{cid} takes the title: {reason}", cid)
 
 
-def _judge_champion(store, problem, champ: dict, ev: dict, run_id, remeasure) -> Decision:
-    cid = ev["candidate_id"]
+def _judge_champion(store, problem, champ: Champion, ev: Evaluation, run_id, remeasure) -> Decision:
+    cid = ev.candidate_id
     if claims_title(ev):
-        store.set_champion(problem, cid, ev["id"], ev["speedup"], run_id,
-                           f"re-measured: {speedup_text(ev)}, confirmed ({_by(ev)}, {describe(ev['evidence'])})")
+        store.set_champion(problem, cid, ev.id, ev.speedup, run_id,
+                           f"re-measured: {speedup_text(ev)}, confirmed ({_by(ev)}, {describe(ev.evidence)})")
         return Decision(f"champion {cid} confirmed: {figure(ev)}")
-    measured_busy = ev["outcome"] in MEASURED and busy(ev["evidence"])
-    if ev["outcome"] in NO_CLAIM or measured_busy:
-        what = f"{ev['outcome']} on a busy machine" if measured_busy else ev["outcome"]
+    measured_busy = ev.outcome in MEASURED and busy(ev.evidence)
+    if ev.outcome in NO_CLAIM or measured_busy:
+        what = f"{ev.outcome} on a busy machine" if measured_busy else ev.outcome.value
         last = confirmation(store, problem, cid)
-        since = (f"last confirmed {_when(last)} (evaluation {last['id']}, {describe(last['evidence'])})"
+        since = (f"last confirmed {_when(last)} (evaluation {last.id}, {describe(last.evidence)})"
                  if last else "never confirmed by a measurement here")
-        store.set_champion(problem, cid, champ["evaluation_id"], champ["speedup"], run_id,
-                           f"re-measured: {what} ({describe(ev['evidence'])}): title kept, not confirmed; {since}")
+        store.set_champion(problem, cid, champ.evaluation_id, champ.speedup, run_id,
+                           f"re-measured: {what} ({describe(ev.evidence)}): title kept, not confirmed; {since}")
         return Decision(f"champion {cid} keeps the title, not confirmed: {what}; {since}")
-    held = f"{champ['speedup']:.2f}x" if champ["speedup"] else "?"
-    store.set_champion(problem, None, ev["id"], None, run_id,
+    held = f"{champ.speedup:.2f}x" if champ.speedup else "?"
+    store.set_champion(problem, None, ev.id, None, run_id,
                        f"demoted {cid} at {_by(ev)}: {figure(ev)} (held at {held})")
     return succeed(store, problem, remeasure, run_id, cid, f"champion {cid} demoted: {figure(ev)}")
 
@@ -133,19 +132,19 @@ def retained(store, problem) -> list[tuple[str, float]]:
     figure (not busy) here: their latest evaluation here is correct, and their latest measurement
     (not busy) is ``faster`` (one a later measurement found not faster is not retried)."""
     spec = problem.spec_hash()
-    latest: dict[str, dict] = {}
-    measured: dict[str, dict] = {}
+    latest: dict[str, Evaluation] = {}
+    measured: dict[str, Evaluation] = {}
     best: dict[str, float] = {}
     for e in store.evaluations(problem=problem.name, this_hardware=True):
-        if e["problem_spec"] != spec:
+        if e.problem_spec != spec:
             continue
-        latest[e["candidate_id"]] = e
-        if e["outcome"] in MEASURED and not busy(e["evidence"]):
-            measured[e["candidate_id"]] = e
-            if e["outcome"] == "faster" and e["speedup"]:
-                best[e["candidate_id"]] = max(best.get(e["candidate_id"], 0.0), e["speedup"])
+        latest[e.candidate_id] = e
+        if e.outcome in MEASURED and not busy(e.evidence):
+            measured[e.candidate_id] = e
+            if e.outcome == Outcome.FASTER and e.speedup:
+                best[e.candidate_id] = max(best.get(e.candidate_id, 0.0), e.speedup)
     keep = [(cid, s) for cid, s in best.items()
-            if latest[cid]["outcome"] in CORRECT and measured[cid]["outcome"] == "faster"]
+            if latest[cid].outcome in CORRECT and measured[cid].outcome == Outcome.FASTER]
     return sorted(keep, key=lambda r: r[1], reverse=True)
 
 
@@ -166,11 +165,11 @@ def succeed(store, problem, remeasure: Remeasure | None, run_id, demoted: str, c
         tried += 1
         ev = store.evaluation(remeasure(cand))
         if ev is not None and claims_title(ev):
-            reason = (f"replaces demoted {demoted}: re-measured {speedup_text(ev)} ({describe(ev['evidence'])}); "
+            reason = (f"replaces demoted {demoted}: re-measured {speedup_text(ev)} ({describe(ev.evidence)}); "
                       f"best before {best:.2f}x")
-            store.set_champion(problem, cid, ev["id"], ev["speedup"], run_id, reason)
-            return Decision(f"{change}; {cid} ({ev['speedup']:.2f}x at a fresh re-measure) takes its place", cid)
-        store.set_champion(problem, None, ev["id"] if ev else None, None, run_id,
+            store.set_champion(problem, cid, ev.id, ev.speedup, run_id, reason)
+            return Decision(f"{change}; {cid} ({ev.speedup:.2f}x at a fresh re-measure) takes its place", cid)
+        store.set_champion(problem, None, ev.id if ev else None, None, run_id,
                            f"successor {cid} not crowned: re-measured "
                            f"{figure(ev) if ev else 'nothing'}; best before {best:.2f}x")
     none = f"none of the next {tried} retained candidates passed a fresh re-measure" if tried else \
@@ -178,24 +177,24 @@ def succeed(store, problem, remeasure: Remeasure | None, run_id, demoted: str, c
     return Decision(f"{change}; {none}: no champion")
 
 
-def confirmation(store, problem, candidate_id: str) -> dict | None:
+def confirmation(store, problem, candidate_id: str) -> Evaluation | None:
     """The evaluation that last confirmed ``candidate_id`` as champion of ``problem`` here: the
     ``faster`` evaluation of its latest champions row that names one; for rows that name none
     (stores from before), its latest ``faster`` evaluation here. None if it has none."""
     spec = problem.spec_hash()
     rows = [r for r in store.champion_history(problem.name)
-            if r["problem_spec"] == spec and r["candidate_id"] == candidate_id]
+            if r.problem_spec == spec and r.candidate_id == candidate_id]
     seen = set()
     for r in reversed(rows):
-        eid = r["evaluation_id"]
+        eid = r.evaluation_id
         if not eid or eid in seen:
             continue
         seen.add(eid)
         ev = store.evaluation(eid)
-        if ev is not None and ev["candidate_id"] == candidate_id and ev["outcome"] == "faster":
+        if ev is not None and ev.candidate_id == candidate_id and ev.outcome == Outcome.FASTER:
             return ev
     evs = [e for e in store.evaluations(problem=problem.name, candidate_id=candidate_id, this_hardware=True)
-           if e["problem_spec"] == spec and e["outcome"] == "faster"]
+           if e.problem_spec == spec and e.outcome == Outcome.FASTER]
     return evs[-1] if evs else None
 
 
@@ -203,10 +202,10 @@ def busy_refusal(store, problem, candidate_id: str) -> str | None:
     """Why the engine may not take ``candidate_id`` as a champion of ``problem`` here, or None:
     its confirmation was measured on a busy machine."""
     ev = confirmation(store, problem, candidate_id)
-    if ev is None or not busy(ev["evidence"]):
+    if ev is None or not busy(ev.evidence):
         return None
     return (f"candidate {candidate_id} of {problem.name} was last confirmed on a busy machine "
-            f"({describe(ev['evidence'])}; evaluation {ev['id']}, {_when(ev)}): a champion is taken only when "
+            f"({describe(ev.evidence)}; evaluation {ev.id}, {_when(ev)}): a champion is taken only when "
             f"confirmed with the timed code waiting for a CPU at most {BUSY:.0%} of the time; a re-measure "
             f"on a quieter machine confirms it (the end of `swarmfactory run --problems {problem.name}`)")
 
@@ -232,13 +231,13 @@ def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: 
     demotion (the engine's audit dethrones without a successor). Returns {"rows", "champion",
     "change"}."""
     champ = store.champion(problem)
-    champ_id = champ["candidate_id"] if champ else None
-    order = ([(champ_id, champ["speedup"] or 0.0)] if champ_id else []) + [r for r in ranked if r[0] != champ_id]
+    champ_id = champ.candidate_id if champ else None
+    order = ([(champ_id, champ.speedup or 0.0)] if champ_id else []) + [r for r in ranked if r[0] != champ_id]
     rows, first_pass = [], None
     for cid, speedup in order:
         cand = store.candidate(cid)
-        prep = harness.prepare(problem, cand["source"], cases, problem.backend_of(cand))
-        row = {"candidate_id": cid, "agent": cand["agent"], "speedup": speedup,
+        prep = harness.prepare(problem, cand.source, cases, problem.backend_of(cand))
+        row = {"candidate_id": cid, "agent": cand.agent, "speedup": speedup,
                "passes": prep.rejected is None, "outcome": None, "detail": None, "evaluation_id": None}
         if prep.rejected is not None:
             verdict = harness.rejected_verdict(prep)
@@ -255,9 +254,9 @@ def reverify_and_succeed(store, harness, problem, cases, vversion: str, ranked: 
                            f"dethroned {champ_id}: {rows[0]['outcome']} on validation set {vversion}")
         change = succeed(store, problem, remeasure, run_id, champ_id, f"champion {champ_id} dethroned").change
     elif champ_id is None and fill_vacant:
-        history = [r for r in store.champion_history(problem.name) if r["problem_spec"] == problem.spec_hash()]
-        last = next((r["candidate_id"] for r in reversed(history) if r["candidate_id"]), None)
+        history = [r for r in store.champion_history(problem.name) if r.problem_spec == problem.spec_hash()]
+        last = next((r.candidate_id for r in reversed(history) if r.candidate_id), None)
         if last is not None:  # vacant since ``last`` lost it
             change = succeed(store, problem, remeasure, run_id, last, f"the title was vacant since {last} lost it").change
     current = store.champion(problem)
-    return {"rows": rows, "champion": current["candidate_id"] if current else None, "change": change}
+    return {"rows": rows, "champion": current.candidate_id if current else None, "change": change}

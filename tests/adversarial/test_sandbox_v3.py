@@ -30,7 +30,7 @@ from swarmfactory.harness import candidate as cand
 from swarmfactory.harness import tracer
 from swarmfactory.harness.arena import Arena
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.harness.slots import FULL_REWRITE_MAX, SlotGroup, group_bytes, mutation_plan
 from swarmfactory.problems import load_problem
 from swarmfactory.problems.spec import Case

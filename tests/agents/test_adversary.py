@@ -10,8 +10,9 @@ from swarmfactory.adversary import Adversary, well_defined
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.config import RunConfig
 from swarmfactory.evidence.quality import busy
+from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.evidence.store import Store
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
 from swarmfactory.problems.spec import Case
 from swarmfactory.swarm.coordinator import Coordinator
@@ -32,7 +33,7 @@ def test_adversary_finds_planted_bugs_the_seed_cases_miss(harness, name, conditi
     problem = dataclasses.replace(load_problem("rmsnorm"), model_shapes=())
     source = (PLANTED / f"{name}.c").read_text()
     assert harness.prepare(problem, source).rejected is None, "seed cases should miss the planted bug"
-    findings = Adversary().hunt(harness, problem, [{"id": name, "source": source}], [],
+    findings = Adversary().hunt(harness, problem, [CandidateRow.of({"id": name, "source": source})], [],
                                      random.Random(1), {c.key() for c in problem.seed_cases()})
     assert findings, "the adversary found nothing"
     for f in findings:
@@ -78,15 +79,15 @@ def test_a_dethroned_champion_is_replaced_by_the_next_correct_candidate(tmp_path
         coord.harness.close()
     # the successor is re-measured afresh: it takes the title only on a faster figure measured on
     # a machine that was not busy
-    [again] = [e for e in store.evaluations(candidate_id=slower_ok["id"]) if e["purpose"] == "remeasure"]
-    reasons = [r["reason"] for r in store.champion_history("rmsnorm")]
+    [again] = [e for e in store.evaluations(candidate_id=slower_ok["id"]) if e.purpose == "remeasure"]
+    reasons = [r.reason for r in store.champion_history("rmsnorm")]
     assert reasons[-2].startswith(f"dethroned {fast_buggy['id']}")
-    if again["outcome"] == "faster" and not busy(again["evidence"]):
-        assert store.champion(problem)["candidate_id"] == slower_ok["id"]
+    if again.outcome == "faster" and not busy(again.evidence):
+        assert store.champion(problem).candidate_id == slower_ok["id"]
         assert reasons[-1].startswith(f"replaces demoted {fast_buggy['id']}")
     else:
         assert store.champion(problem) is None and reasons[-1].startswith(f"successor {slower_ok['id']} not crowned")
-    assert any(e["purpose"] == "reverify" and e["outcome"] == "wrong"
+    assert any(e.purpose == "reverify" and e.outcome == "wrong"
                for e in store.evaluations(candidate_id=fast_buggy["id"]))
 
 
@@ -96,14 +97,14 @@ def test_a_run_with_the_adversary_dethrones_a_buggy_champion_and_the_cases_outli
                           compile_baselines=False, agents="seed,random-restart,adversary")
     run_id = Coordinator(cfg, store).run()
     found = store.found_cases("rmsnorm")
-    assert found and all(r["found_by"] == "adversary" for r in found)
-    assert all(r["shape"]["rows"] > 1024 for r in found)
+    assert found and all(r.found_by == "adversary" for r in found)
+    assert all(r.shape["rows"] > 1024 for r in found)
     champ = store.champion(load_problem(str(DATA / "planted_problem.py")))
     if champ is not None:  # whatever holds the title now passes the found cases
-        assert 'tail == "buggy"' not in store.candidate(champ["candidate_id"])["source"]
-        assert store.candidate(champ["candidate_id"])["knobs"]["tail"] == "correct"
+        assert 'tail == "buggy"' not in store.candidate(champ.candidate_id).source
+        assert store.candidate(champ.candidate_id).knobs["tail"] == "correct"
     # a second run starts from the grown validation set: the buggy seed is not re-admitted
     second = Coordinator(cfg, store).run()
     assert second != run_id
     assert not [e for e in store.evaluations(run_id=second)
-                if e["outcome"] == "faster" and store.candidate(e["candidate_id"])["knobs"]["tail"] == "buggy"]
+                if e.outcome == "faster" and store.candidate(e.candidate_id).knobs["tail"] == "buggy"]

@@ -18,7 +18,7 @@ from swarmfactory.agents.knobs import KnobAgent, RandomRestartAgent
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.swarm.executors import Executor
 from swarmfactory.evidence.store import Store
-from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
+from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.knowledge.analyst import MIN_PAIRS, Analyst
 from swarmfactory.knowledge.priors import knowledge_for, relevance
 from swarmfactory.problems import load_problem
@@ -76,23 +76,23 @@ def plant_threads(store, problem, pairs: int, none_over_omp: float, skip: int = 
 
 
 def lessons_about(store, problem, knob, include_retired=False):
-    return [r for r in store.current_lessons(problem, include_retired) if r["data"]["knob"] == knob]
+    return [r for r in store.current_lessons(problem, include_retired) if r.data["knob"] == knob]
 
 
 def test_a_lesson_is_written_from_planted_evidence(tmp_path, rmsnorm):
     store = Store(str(tmp_path / "e.db"))
     ids = plant_threads(store, rmsnorm, pairs=6, none_over_omp=1.4)
     written = Analyst(store).update(["rmsnorm"], run_id="r1")
-    (lesson,) = [r for r in lessons_about(store, "rmsnorm", "threads") if r["data"]["scope"] is None]
-    d = lesson["data"]
+    (lesson,) = [r for r in lessons_about(store, "rmsnorm", "threads") if r.data["scope"] is None]
+    d = lesson.data
     assert (d["better"], d["worse"], d["status"], d["method"], d["pairs"]) == ("none", "omp", "active", "matched", 6)
     assert 1.3 < d["effect"] < 1.5 and 1.0 < d["ci_low"] <= d["effect"] <= d["ci_high"]
     assert sorted(d["support"]) == sorted(ids) and d["evaluations"] == 12
     assert d["features"]["dims"] == {"rows": [1, 128], "cols": [576, 576]} and d["features"]["coverage"] == 1.0
-    assert d["hardware"]["id"] == store.hardware["id"] and lesson["run_id"] == "r1" and lesson["agent"] == "analyst"
-    assert lesson["text"].startswith("on rmsnorm (rows 1-128, cols 576), threads=none beats threads=omp by 1.4")
-    assert "12 evaluations, 6 matched pairs" in lesson["text"] and d["hardware"]["isa"] in lesson["text"]
-    assert any(w["key"] == lesson["key"] for w in written)
+    assert d["hardware"]["id"] == store.hardware["id"] and lesson.run_id == "r1" and lesson.agent == "analyst"
+    assert lesson.text.startswith("on rmsnorm (rows 1-128, cols 576), threads=none beats threads=omp by 1.4")
+    assert "12 evaluations, 6 matched pairs" in lesson.text and d["hardware"]["isa"] in lesson.text
+    assert any(w["key"] == lesson.key for w in written)
     # no new evidence: nothing new to say, nothing written
     assert Analyst(store).update(["rmsnorm"], run_id="r2") == []
 
@@ -121,38 +121,38 @@ def test_contradicting_evidence_retires_the_lesson_and_keeps_its_history(tmp_pat
     store = Store(str(tmp_path / "e.db"))
     plant_threads(store, rmsnorm, pairs=6, none_over_omp=1.4)
     Analyst(store).update(["rmsnorm"], run_id="r1")
-    (old,) = [r for r in lessons_about(store, "rmsnorm", "threads") if r["data"]["scope"] is None]
+    (old,) = [r for r in lessons_about(store, "rmsnorm", "threads") if r.data["scope"] is None]
     rows_before = len(store.lessons("rmsnorm", limit=1000))
     # later evidence: on 24 other configurations omp is 1.5x faster
     plant_threads(store, rmsnorm, pairs=24, none_over_omp=1 / 1.5, skip=6, seed=1)
     written = Analyst(store).update(["rmsnorm"], run_id="r2")
-    assert any(w["key"] == old["key"] and w["status"] == "retired" for w in written)
-    now = {r["key"]: r for r in lessons_about(store, "rmsnorm", "threads", include_retired=True)}
-    retired = now[old["key"]]
-    assert retired["status"] == "retired" and retired["run_id"] == "r2"
-    assert retired["data"]["why"].startswith("contradicted: threads=none vs threads=omp is now 0.")
-    assert retired["data"]["recheck"]["ci_high"] < 1.0 and retired["text"] == old["text"]
-    assert [h["data"]["status"] for h in retired["history"]] == ["active"]   # append-only: the old row stays
+    assert any(w["key"] == old.key and w["status"] == "retired" for w in written)
+    now = {r.key: r for r in lessons_about(store, "rmsnorm", "threads", include_retired=True)}
+    retired = now[old.key]
+    assert retired.status == "retired" and retired.run_id == "r2"
+    assert retired.data["why"].startswith("contradicted: threads=none vs threads=omp is now 0.")
+    assert retired.data["recheck"]["ci_high"] < 1.0 and retired.text == old.text
+    assert [h.data["status"] for h in retired.history] == ["active"]   # append-only: the old row stays
     assert len(store.lessons("rmsnorm", limit=1000)) > rows_before
-    assert old["key"] not in {r["key"] for r in lessons_about(store, "rmsnorm", "threads")}  # not active
-    (new,) = [r for r in lessons_about(store, "rmsnorm", "threads") if r["data"]["scope"] is None]
-    assert (new["data"]["better"], new["data"]["worse"]) == ("omp", "none")
+    assert old.key not in {r.key for r in lessons_about(store, "rmsnorm", "threads")}  # not active
+    (new,) = [r for r in lessons_about(store, "rmsnorm", "threads") if r.data["scope"] is None]
+    assert (new.data["better"], new.data["worse"]) == ("omp", "none")
 
 
 def test_a_lesson_that_loses_its_support_is_retired_and_may_come_back(tmp_path, rmsnorm):
     store = Store(str(tmp_path / "e.db"))
     plant_threads(store, rmsnorm, pairs=5, none_over_omp=1.3)
     Analyst(store).update(["rmsnorm"])
-    (key,) = [r["key"] for r in lessons_about(store, "rmsnorm", "threads") if r["data"]["scope"] is None]
+    (key,) = [r.key for r in lessons_about(store, "rmsnorm", "threads") if r.data["scope"] is None]
     plant_threads(store, rmsnorm, pairs=5, none_over_omp=1 / 1.3, skip=5, seed=2)   # now it is a wash
     Analyst(store).update(["rmsnorm"])
-    r = {x["key"]: x for x in store.current_lessons("rmsnorm", include_retired=True)}[key]
-    assert r["status"] == "retired" and r["data"]["why"].startswith("no longer supported")
+    r = {x.key: x for x in store.current_lessons("rmsnorm", include_retired=True)}[key]
+    assert r.status == "retired" and r.data["why"].startswith("no longer supported")
     plant_threads(store, rmsnorm, pairs=14, none_over_omp=1.5, skip=10, seed=3)
     Analyst(store).update(["rmsnorm"])
-    r = {x["key"]: x for x in store.current_lessons("rmsnorm", include_retired=True)}[key]
-    assert r["status"] == "active" and r["data"]["why"].startswith("re-established")
-    assert [h["data"]["status"] for h in r["history"]] == ["active", "retired"]
+    r = {x.key: x for x in store.current_lessons("rmsnorm", include_retired=True)}[key]
+    assert r.status == "active" and r.data["why"].startswith("re-established")
+    assert [h.data["status"] for h in r.history] == ["active", "retired"]
 
 
 def test_an_effect_on_some_shapes_only_is_scoped_to_them(tmp_path, rmsnorm):
@@ -161,13 +161,13 @@ def test_an_effect_on_some_shapes_only_is_scoped_to_them(tmp_path, rmsnorm):
         plant(store, rmsnorm, {**BASE, **rest, "threads": "none"}, 1.4, per_shape=[2.0, 1.9, 0.7 + 0.01 * i])
         plant(store, rmsnorm, {**BASE, **rest, "threads": "omp"}, 1.4, per_shape=[1.0, 1.0, 1.4 + 0.01 * i])
     Analyst(store).update(["rmsnorm"])
-    by = {(r["data"]["better"], json.dumps(r["data"]["scope"])): r for r in lessons_about(store, "rmsnorm", "threads")}
+    by = {(r.data["better"], json.dumps(r.data["scope"])): r for r in lessons_about(store, "rmsnorm", "threads")}
     small = next(r for (b, _), r in by.items() if b == "none")
     big = next(r for (b, _), r in by.items() if b == "omp")
-    assert [s["rows"] for s in small["data"]["features"]["shapes"]] == [1, 8] and small["data"]["effect"] > 1.8
-    assert [s["rows"] for s in big["data"]["features"]["shapes"]] == [128]
-    assert "rows x cols 1x576, 8x576" in small["text"] and "rows x cols 128x576" in big["text"]
-    assert all(r["data"]["scope"] is not None for r in by.values())  # the whole workload is a wash
+    assert [s["rows"] for s in small.data["features"]["shapes"]] == [1, 8] and small.data["effect"] > 1.8
+    assert [s["rows"] for s in big.data["features"]["shapes"]] == [128]
+    assert "rows x cols 1x576, 8x576" in small.text and "rows x cols 128x576" in big.text
+    assert all(r.data["scope"] is not None for r in by.values())  # the whole workload is a wash
 
 
 # -- the agents -----------------------------------------------------------------------------------------
@@ -227,8 +227,8 @@ def test_lessons_shift_what_crossover_takes(tmp_path, rmsnorm, quick):
 def test_lessons_of_other_problems_count_for_less(tmp_path, rmsnorm):
     store = vw_lessons(tmp_path, rmsnorm)
     softmax = load_problem("softmax")
-    (lesson,) = [r for r in store.current_lessons("rmsnorm") if r["data"]["scope"] is None
-                 and r["data"]["knob"] == "vw"]
+    (lesson,) = [r for r in store.current_lessons("rmsnorm") if r.data["scope"] is None
+                 and r.data["knob"] == "vw"]
     here, there = relevance(lesson, rmsnorm, store.hardware), relevance(lesson, softmax, store.hardware)
     assert here == 1.0 and 0 < there < 0.3 * here + 1e-9
     other_cpu = {**store.hardware, "id": "elsewhere"}
@@ -240,7 +240,7 @@ def test_lessons_of_other_problems_count_for_less(tmp_path, rmsnorm):
     other = Store(str(tmp_path / "threads.db"))
     plant_threads(other, rmsnorm, pairs=6, none_over_omp=1.4)
     Analyst(other).update(["rmsnorm"])
-    threads = [r for r in other.current_lessons("rmsnorm") if r["data"]["knob"] == "threads"]
+    threads = [r for r in other.current_lessons("rmsnorm") if r.data["knob"] == "threads"]
     assert threads and all(relevance(r, softmax, other.hardware) == 0 for r in threads)
     assert knowledge_for(softmax, other.current_lessons(), other.hardware).priors == {}
 
@@ -306,11 +306,11 @@ def test_the_coordinator_writes_lessons_during_the_run_and_the_board_carries_the
                           remeasure_champions=False, agents="seed,knob-threading,knob-vectorisation,crossover,random-restart")
     coord = C.Coordinator(cfg, store, executor=ModelExecutor(quick, speed))
     run_id = coord.run()
-    rows = [r for r in store.lessons("rmsnorm", limit=1000) if r["run_id"] == run_id]
-    assert rows and all(r["agent"] == "analyst" for r in rows)
+    rows = [r for r in store.lessons("rmsnorm", limit=1000) if r.run_id == run_id]
+    assert rows and all(r.agent == "analyst" for r in rows)
     current = store.current_lessons("rmsnorm")
-    threads = [r for r in current if r["data"]["knob"] == "threads" and r["data"]["scope"] is None]
-    assert [(r["data"]["better"], r["data"]["worse"]) for r in threads] == [("none", "omp")]
+    threads = [r for r in current if r.data["knob"] == "threads" and r.data["scope"] is None]
+    assert [(r.data["better"], r.data["worse"]) for r in threads] == [("none", "omp")]
     st = coord.states["rmsnorm"]
     assert st.knowledge.lines and st.knowledge.priors["threads"]["none"] > st.knowledge.priors["threads"]["omp"]
     # a new run on the same store starts with the lessons on its boards
@@ -327,7 +327,7 @@ def test_swarmfactory_lessons_lists_them(tmp_path, rmsnorm):
     Analyst(store).update(["rmsnorm"], run_id="r1")
     plant_threads(store, rmsnorm, pairs=24, none_over_omp=1 / 1.5, skip=6, seed=1)
     Analyst(store).update(["rmsnorm"], run_id="r2")
-    store.engine.dispose()
+    store.close()
 
     proc = sf("lessons", "--store", db, env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr

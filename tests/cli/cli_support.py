@@ -43,7 +43,7 @@ def recorded_run(db: Path, champion_agent: str = "knob-vectorisation") -> str:
     per problem that was re-measured at the end (a lower figure than the search measured)."""
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
+    from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
     from swarmfactory.problems import load_problem
 
     store = Store(str(db))
@@ -76,5 +76,5 @@ def recorded_run(db: Path, champion_agent: str = "knob-vectorisation") -> str:
         eid2 = store.record_verdict(p, cand, v2, run, "vv", purpose="remeasure")
         store.set_champion(p, cand["id"], eid2, s2, run, f"re-measured: {s2:.2f}x")
     store.set_run_status(run, "finished")
-    store.engine.dispose()
+    store.close()
     return run

@@ -151,9 +151,9 @@ def test_a_verdict_the_store_cannot_take_is_kept_and_written_in_at_the_next_open
     from swarmfactory.evidence.store import Store
 
     st = Store(str(db), create=False)
-    kept = [e for e in st.evaluations() if e["purpose"] == "eval"]
-    assert len(kept) == 2 and st.candidate(kept[0]["candidate_id"])["source"] == big.read_text()
-    assert kept[0]["outcome"] == "build_failed" and json.loads(again.stdout)["evaluation_id"] == kept[1]["id"]
+    kept = [e for e in st.evaluations() if e.purpose == "eval"]
+    assert len(kept) == 2 and st.candidate(kept[0].candidate_id).source == big.read_text()
+    assert kept[0].outcome == "build_failed" and json.loads(again.stdout)["evaluation_id"] == kept[1].id
 
 
 def test_a_report_that_cannot_be_written_is_one_line(tmp_path, read_only):
@@ -245,7 +245,7 @@ def _interrupted_run(db: Path, problem: Path, done: int = 0, **config) -> str:
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.config import RunConfig
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
     from swarmfactory.validation import validation_set
 
@@ -257,7 +257,7 @@ def _interrupted_run(db: Path, problem: Path, done: int = 0, **config) -> str:
         cand = candidate_record(p, f"/* {k} */ not C", "seed", "test", run_id=run)
         st.record_verdict(p, cand, Verdict(Outcome.BUILD_FAILED, "no", "build"), run, validation_set(p, st)[1])
     st.set_run_status(run, "interrupted")
-    st.engine.dispose()
+    st.close()
     return run
 
 

@@ -15,11 +15,8 @@ RESUME = re.compile(r"swarmfactory run --resume (\w+) --store (\S+)")
 
 
 def _search_evaluations(db, run_id=None) -> int:
-    store = Store(str(db), create=False)
-    try:
-        return sum(1 for e in store.evaluations(run_id=run_id) if e["purpose"] == "search")
-    finally:
-        store.engine.dispose()
+    with Store(str(db), create=False) as store:
+        return sum(1 for e in store.evaluations(run_id=run_id) if e.purpose == "search")
 
 
 def _default_sigint():
@@ -63,15 +60,15 @@ def test_ctrl_c_exits_130_prints_the_resume_command_and_the_run_resumes(tmp_path
     run_id = m.group(1)
     assert "Traceback" not in err
     store = Store(str(db), create=False)
-    assert store.run(run_id)["status"] == "interrupted"
+    assert store.run(run_id).status == "interrupted"
     first = _search_evaluations(db, run_id)
-    store.engine.dispose()
+    store.close()
 
     rc, _, err = _interrupt_after(["run", "--resume", run_id, "--store", str(db)], db, tmp_path, more_than=first)
     assert rc == 130, err
     assert RESUME.search(err).group(1) == run_id  # the same run, still resumable
     store = Store(str(db), create=False)
-    assert [r["id"] for r in [store.run()]] == [run_id] and store.run(run_id)["status"] == "interrupted"
+    assert [r.id for r in [store.run()]] == [run_id] and store.run(run_id).status == "interrupted"
     assert _search_evaluations(db, run_id) > first  # it went on where it stopped
 
     show = subprocess.run([entry_point(), "show", run_id, "--store", str(db)], capture_output=True, text=True,

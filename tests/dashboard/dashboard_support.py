@@ -5,46 +5,30 @@ dashboard server on 127.0.0.1 in a thread, and plain HTTP reads."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import urllib.error
 import urllib.request
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
-
-import pytest
-from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from cli_support import clean_env, entry_point, sf  # noqa: E402,F401 - the installed CLI, as users run it
 
-PG = os.environ.get("SWARMFACTORY_PG_URL")
-
 
 @contextmanager
-def store_url(kind: str, tmp_path):
-    """A fresh store's location: a SQLite file, or a new database on the PostgreSQL server."""
+def store_url(kind: str, tmp_path, request):
+    """A fresh store's location: a SQLite file, or a new database on the tests' PostgreSQL server
+    (``pg_database`` in tests/conftest.py; skipped where there is none)."""
     if kind == "sqlite":
         yield str(tmp_path / "evidence.db")
         return
-    if not PG:
-        pytest.skip("SWARMFACTORY_PG_URL not set (CI starts a PostgreSQL server)")
-    name = "sf_dash_" + uuid.uuid4().hex[:10]
-    admin = create_engine(PG.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield PG.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+    with request.getfixturevalue("pg_database")() as url:
+        yield url
 
 
 def _verdict(outcome: str, s: float | None = None, detail: str = "", shapes=()):
-    from swarmfactory.harness.outcome import Outcome, ShapeTiming, Verdict
+    from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
 
     if s is None:
         return Verdict(Outcome(outcome), detail or outcome, "verify", cases_checked=3,
@@ -86,7 +70,7 @@ def kernel_run(url: str) -> dict:
     st.record_verdict(p, slow, _verdict("not_faster", 0.8, shapes=p.workload), run, "v1")
     ids["wrong_eval"] = st.record_verdict(p, bad, _verdict("wrong", detail="max error 3.1e+00 > tol on shape 7x1023 "
                                                     "seed 5 dist tiny"), run, "v1")
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
 
     st.record_verdict(p, broken, Verdict(Outcome.BUILD_FAILED, "error: expected declaration", "build"), run, "v1")
     e_grand = st.record_verdict(p, grand, _verdict("faster", 2.4, shapes=p.workload), run, "v1")
@@ -97,14 +81,14 @@ def kernel_run(url: str) -> dict:
     st.add_lesson("rmsnorm", "analyst", "rmsnorm: unroll 4 beats 1 by 1.31x [1.22, 1.40], n=14",
                   {"key": "rmsnorm|unroll|4>1", "status": "active", "knob": "unroll"}, run)
     ids["search_evaluations"] = 6
-    st.engine.dispose()
+    st.close()
     return ids
 
 
 def engine_run(url: str) -> dict:
     """A finished engine tuning run: the default design and one tuned design, with serving figures."""
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
 
     st = Store(url)
     run = st.create_run({"kind": "engine-tune", "model": "/models/SmolLM2-135M-Instruct-Q4_1.gguf",
@@ -132,7 +116,7 @@ def engine_run(url: str) -> dict:
         st.record_evaluation(cand["id"], EngineProblem(), v, run, "-", {}, "search")
         out[name] = cand["id"]
     st.set_run_status(run, "finished")
-    st.engine.dispose()
+    st.close()
     return out
 
 
@@ -150,7 +134,7 @@ def serving(url: str):
     finally:
         server.shutdown()
         server.server_close()
-        server.dashboard.engine.dispose()
+        server.dashboard.store.close()
         thread.join(10)
 
 

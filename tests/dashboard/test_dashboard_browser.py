@@ -36,13 +36,13 @@ def browser():
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_page_shows_the_run_in_progress_and_a_new_verdict_without_reload(browser, kind, tmp_path, capsys):
+def test_page_shows_the_run_in_progress_and_a_new_verdict_without_reload(browser, kind, tmp_path, capsys, request):
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
 
-    with store_url(kind, tmp_path) as url:
+    with store_url(kind, tmp_path, request) as url:
         ids = kernel_run(url)
         with serving(url) as server:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -74,7 +74,7 @@ def test_page_shows_the_run_in_progress_and_a_new_verdict_without_reload(browser
                                     parents=[ids["child"]], generation=2, run_id=ids["run"])
             eid = writer.record_verdict(p, cand, Verdict(Outcome.CHEATED, "reads the clock: clock_gettime", "static"),
                          ids["run"], "v1")
-            writer.engine.dispose()
+            writer.close()
             row = page.locator(f"#evaluations tr[data-evaluation='{eid}']")
             row.wait_for(timeout=15_000)
             assert "cheated" in row.inner_text() and cand["id"] in row.inner_text()

@@ -75,7 +75,7 @@ def fill(path: str, seed: int = 0) -> dict:
         conn.execute(insert(S.lessons), [{"problem": PROBLEMS[k % 4], "hardware_id": hw, "agent": "analyst",
                                           "text": f"lesson {k}", "data": {"key": f"k{k % 60}", "status": "active"},
                                           "run_id": runs[k % 3]} for k in range(200)])
-    st.engine.dispose()
+    st.close()
     counts["runs"] = runs
     return counts
 

@@ -1,4 +1,4 @@
-"""The dashboard over a real store (SQLite; PostgreSQL when SWARMFACTORY_PG_URL is set) and a real
+"""The dashboard over a real store (SQLite; PostgreSQL on the tests' server) and a real
 HTTP server on 127.0.0.1: what each endpoint shows is what was recorded, bad input gets 400/404/405
 with a message, the server cannot write, and no password reaches a page."""
 
@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def filled(request, tmp_path_factory):
-    with store_url(request.param, tmp_path_factory.mktemp("dash")) as url:
+    with store_url(request.param, tmp_path_factory.mktemp("dash"), request) as url:
         ids = kernel_run(url)
         ids["engine"] = engine_run(url)
         with serving(url) as server:

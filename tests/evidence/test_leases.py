@@ -1,5 +1,6 @@
-"""Leases, snapshots and per-hardware champions over every store backend (SQLite always;
-PostgreSQL when SWARMFACTORY_PG_URL points at a real server, as CI provides)."""
+"""Evaluation leases over every store backend (SQLite always; PostgreSQL on the tests' server,
+``pg_server`` in tests/conftest.py). Snapshots and per-hardware champions:
+tests/evidence/test_conformance.py."""
 
 import threading
 import time
@@ -9,7 +10,7 @@ import pytest
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.leases import CLAIMED, DONE, TAKEN, Leases
 from swarmfactory.evidence.store import Store
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
 from swarmfactory.tools import tool_versions
 
@@ -21,20 +22,11 @@ def record(store, problem, cand, verdict, run_id, vversion):
     return store.record_evaluation(cand["id"], problem, verdict, run_id, vversion, tool_versions())
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return str(tmp_path / "e.db")
-    return request.getfixturevalue("pg_url")
-
-
 @pytest.fixture
-def two_stores(store_url):
+def two_stores(any_url):
     """Two coordinators' stores: separate engines (connections) on one database."""
-    a, b = Store(store_url), Store(store_url)
-    yield a, b
-    a.engine.dispose()
-    b.engine.dispose()
+    with Store(any_url) as a, Store(any_url) as b:
+        yield a, b
 
 
 P = load_problem("rmsnorm")
@@ -100,34 +92,6 @@ def test_a_recorded_verdict_is_done_even_without_a_lease(two_stores):
     record(a, P, cand, Verdict(Outcome.WRONG, "bad", "verify"), None, "v1")
     assert Leases(b, "runb").claim(P, cand["id"], "v1").status == DONE
     assert Leases(b, "runb").claim(P, cand["id"], "v2").status == CLAIMED
-
-
-def test_a_consistent_read_does_not_see_writes_made_meanwhile(two_stores):
-    reader, writer = two_stores
-    run = writer.create_run({"problems": ["rmsnorm"]})
-    with reader.consistent():
-        before = reader.evaluations(run_id=run)
-        cand = candidate_record(P, P.render(), "seed", "defaults")
-        record(writer, P, cand, Verdict(Outcome.WRONG, "bad", "verify"), run, "v1")
-        assert reader.evaluations(run_id=run) == before == []
-    assert len(reader.evaluations(run_id=run)) == 1
-
-
-def test_champions_are_per_hardware(store_url):
-    store = Store(store_url)
-    zen3 = store.on_hardware({**store.hardware, "id": "zen3aaaaaaaa", "model": "AMD Zen 3"})
-    zen4 = store.on_hardware({**store.hardware, "id": "zen4bbbbbbbb", "model": "AMD Zen 4"})
-    slow = candidate_record(P, P.render(), "seed", "defaults")
-    fast = candidate_record(P, P.render() + "\n/* other */\n", "seed", "defaults")
-    e4 = record(zen4, P, slow, Verdict(Outcome.FASTER, "", "measure", speedup=1.2), None, "v1")
-    zen4.set_champion(P, slow["id"], e4, 1.2, None, "first on zen4")
-    e3 = record(zen3, P, fast, Verdict(Outcome.FASTER, "", "measure", speedup=3.0), None, "v1")
-    zen3.set_champion(P, fast["id"], e3, 3.0, None, "first on zen3")
-    assert zen4.champion(P)["candidate_id"] == slow["id"]
-    assert zen3.champion(P)["candidate_id"] == fast["id"]
-    assert store.champion(P) is None  # this machine has none
-    assert {e["hardware_id"] for e in zen3.evaluations(this_hardware=True)} == {"zen3aaaaaaaa"}
-    assert store.evaluation(e3)["hardware"]["model"] == "AMD Zen 3"
 
 
 def test_a_resumed_run_takes_over_its_own_leases_at_once(two_stores):

@@ -22,7 +22,7 @@ FULL_DISK = textwrap.dedent('''
     import os, resource, signal, sys
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store, StoreWriteError
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
 
     db = sys.argv[1]
@@ -62,8 +62,8 @@ def test_a_full_disk_keeps_the_whole_verdict_and_the_next_open_writes_it_in_once
     st = Store(str(db))
     written, skipped = st.replayed
     assert written >= 3 and skipped == 0 and not journal.exists()
-    assert [e["candidate_id"] for e in st.evaluations()] == [cid]
-    assert st.run(run)["status"] == "interrupted" and st.candidate(cid)["source"].startswith("/* kept */")
+    assert [e.candidate_id for e in st.evaluations()] == [cid]
+    assert st.run(run).status == "interrupted" and st.candidate(cid).source.startswith("/* kept */")
     assert Store(str(db)).replayed == (0, 0) and len(st.evaluations()) == 1
 
 
@@ -78,7 +78,7 @@ def test_a_journaled_row_the_store_got_meanwhile_is_skipped(tmp_path):
     assert other.record_candidate(cand)
     st = Store(str(db))
     assert st.replayed[1] == 1 and st.replayed[0] == len(kept) - 1
-    assert [e["candidate_id"] for e in st.evaluations()] == [cid]
+    assert [e.candidate_id for e in st.evaluations()] == [cid]
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def pg_role(pg_url):
     """(admin engine of the store's database, a URL of the store as a role that owns nothing,
     with a password)."""
     admin = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
-    Store(pg_url).engine.dispose()
+    Store(pg_url).close()
     role = "sf_r_" + uuid.uuid4().hex[:8]
     with admin.connect() as c:
         c.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'"))
@@ -112,7 +112,7 @@ def test_postgresql_a_read_only_role_is_refused_at_open_without_its_password(pg_
 
 def test_postgresql_a_write_refused_mid_run_is_journaled_and_written_in_later(pg_role, tmp_path, monkeypatch):
     from swarmfactory.agents.base import candidate_record
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
 
     monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "cache"))
@@ -132,11 +132,11 @@ def test_postgresql_a_write_refused_mid_run_is_journaled_and_written_in_later(pg
     assert "permission denied" in msg and str(tmp_path / "cache" / "pending") in msg and "secret-pw" not in msg
     with pytest.raises(StoreWriteError):  # later writes go to the journal too, in order
         st.set_run_status(run, "interrupted")
-    st.engine.dispose()
+    st.close()
 
     with admin.connect() as c:
         c.execute(text(f"GRANT INSERT ON evaluations TO {role}"))
     again = Store(url)
     assert again.replayed[0] >= 2 and not list((tmp_path / "cache" / "pending").iterdir())
-    assert [e["candidate_id"] for e in again.evaluations()] == [cand["id"]]
-    assert again.run(run)["status"] == "interrupted"
+    assert [e.candidate_id for e in again.evaluations()] == [cand["id"]]
+    assert again.run(run).status == "interrupted"

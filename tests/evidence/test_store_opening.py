@@ -64,6 +64,6 @@ def test_a_run_that_cannot_start_can_discard_the_store_it_created(tmp_path):
     store.discard_if_created()
     assert list(tmp_path.iterdir()) == []
     kept = tmp_path / "kept.db"
-    Store(str(kept)).engine.dispose()
+    Store(str(kept)).close()
     Store(str(kept)).discard_if_created()  # not created by this call: left alone
     assert kept.is_file()

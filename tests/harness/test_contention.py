@@ -8,7 +8,7 @@ import pytest
 
 from swarmfactory import contention
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.harness.outcome import Outcome
+from swarmfactory.outcome import Outcome
 from swarmfactory.problems import load_problem
 
 needs_psi = pytest.mark.skipif(not contention.pressure_available(),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from swarmfactory.harness.evaluate import HarnessConfig
-from swarmfactory.harness.outcome import Outcome
+from swarmfactory.outcome import Outcome
 from swarmfactory.harness.rounds import RoundsLog
 from swarmfactory.harness.timing import median_ci
 from swarmfactory.harness.verdicts import BETWEEN_FLOOR, between_spread, decide, min_clean_rounds, widen
@@ -132,7 +132,7 @@ def test_the_spread_between_evaluations_widens_every_interval(rmsnorm):
 def test_the_spread_is_learnt_from_kernels_measured_more_than_once_here(tmp_path):
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Verdict
+    from swarmfactory.outcome import Verdict
 
     store = Store(str(tmp_path / "e.db"))
     p = load_problem("rmsnorm")
@@ -149,4 +149,4 @@ def test_the_spread_is_learnt_from_kernels_measured_more_than_once_here(tmp_path
     logs = [np.log([2.0, 3.0, 2.0]), np.log([1.0, 1.5, 1.0])]
     pooled = np.sqrt(sum(((x - x.mean()) ** 2).sum() for x in logs) / 4)
     assert got["sigma"] == pytest.approx(max(BETWEEN_FLOOR, pooled), abs=1e-3) and "4 repeats" in got["source"]
-    store.engine.dispose()
+    store.close()

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from swarmfactory.harness.outcome import Outcome, Rejected
+from swarmfactory.outcome import Outcome, Rejected
 from swarmfactory.harness.accuracy import (TORCH_ERROR_FLOOR, TORCH_ERROR_MULTIPLE, ErrorStats, error_stats,
                                            error_vs_torch, fp32_torch_path)
 from swarmfactory.harness.verify import check_slot, compare, expected_for

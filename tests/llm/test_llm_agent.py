@@ -73,16 +73,16 @@ def test_llm_agent_survives_bad_answers_and_repairs_once(tmp_path, monkeypatch):
         run_id = Coordinator(cfg, store).run()
         auth = {r["auth"] for r in srv.requests}
     calls = store.llm_calls(run_id)
-    statuses = [c["status"] for c in calls]
+    statuses = [c.status for c in calls]
     assert {"apply_error", "empty", "parse_error", "timeout"} <= set(statuses), statuses
-    assert any(c["raw"] and "vectorise" in c["raw"] for c in calls if c["status"] == "parse_error")
-    evs = [e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]
+    assert any(c.raw and "vectorise" in c.raw for c in calls if c.status == "parse_error")
+    evs = [e for e in store.evaluations(run_id=run_id) if e.purpose == "search"]
     assert len(evs) == 3
-    outcomes = {store.candidate(e["candidate_id"])["operator"]: e["outcome"] for e in evs}
+    outcomes = {store.candidate(e.candidate_id).operator: e.outcome for e in evs}
     assert outcomes["rewrite-rewrite"] in ("build_failed", "faster", "not_faster")
-    assert any(e["outcome"] == "build_failed" for e in evs)
-    repair = next(c for c in calls if c["operator"] == "repair")
-    assert repair["parent"] == next(e["candidate_id"] for e in evs if e["outcome"] == "build_failed")
+    assert any(e.outcome == "build_failed" for e in evs)
+    repair = next(c for c in calls if c.operator == "repair")
+    assert repair.parent == next(e.candidate_id for e in evs if e.outcome == "build_failed")
     assert outcomes.get("repair-rewrite") in ("faster", "not_faster")
     # the key reached the server and nothing else
     assert auth == {"Bearer sk-test-secret-123"}
@@ -113,12 +113,12 @@ def test_a_small_context_switches_the_agent_to_compact_prompts(tmp_path):
                               llm_model="replay", **FAST)
         run_id = Coordinator(cfg, store).run()
         first, second = srv.requests[0]["body"], srv.requests[1]["body"]
-    statuses = [c["status"] for c in store.llm_calls(run_id)]
+    statuses = [c.status for c in store.llm_calls(run_id)]
     assert statuses[0] == "context_overflow" and statuses[1] == "ok", statuses
     assert "def reference" in first["messages"][1]["content"]
     assert "def reference" not in second["messages"][1]["content"]
     assert seen[1][0] + seen[1][1] <= 2048 < seen[0][0] + seen[0][1]
-    assert len([e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]) == 1
+    assert len([e for e in store.evaluations(run_id=run_id) if e.purpose == "search"]) == 1
 
 
 @pytest.mark.slow
@@ -134,9 +134,9 @@ def test_llm_local_runs_our_engine_with_smollm2(tmp_path):
     calls = store.llm_calls(run_id)
     assert calls, "no call reached the local engine"
     # a call still in flight when the engine stops at the end may fail to connect; the rest answered
-    answered = calls[:-1] if calls[-1]["status"] == "http" else calls
-    assert answered and all(c["status"] in ("ok", "parse_error", "apply_error", "empty") for c in answered), calls
-    assert all(c["completion_tokens"] > 0 and c["prompt_tokens"] > 0 for c in answered if c["status"] != "empty")
+    answered = calls[:-1] if calls[-1].status == "http" else calls
+    assert answered and all(c.status in ("ok", "parse_error", "apply_error", "empty") for c in answered), calls
+    assert all(c.completion_tokens > 0 and c.prompt_tokens > 0 for c in answered if c.status != "empty")
 
 
 def test_the_local_engine_leaves_room_for_a_whole_kernel():

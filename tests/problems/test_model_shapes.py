@@ -196,7 +196,7 @@ def test_coordinator_draws_model_cases_per_evaluation_and_records_them(tmp_path)
     evidence names the drawn cases; the validation version it records does not move."""
     from swarmfactory.config import RunConfig
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.swarm.coordinator import Coordinator
     from swarmfactory.swarm.executors import Executor
 
@@ -226,8 +226,8 @@ def test_coordinator_draws_model_cases_per_evaluation_and_records_them(tmp_path)
     for d, cases in enumerate(ex.calls):
         assert [c.key() for c in cases[len(base):]] == [c.key() for c in p.model_cases(d)]
     evs = store.evaluations(problem="rmsnorm")
-    assert {e["validation_version"] for e in evs} == {version}
-    assert [e["evidence"]["model_draw"]["draw"] for e in evs] == [0, 1, 2]
+    assert {e.validation_version for e in evs} == {version}
+    assert [e.evidence["model_draw"]["draw"] for e in evs] == [0, 1, 2]
 
 
 def test_the_fixed_sample_catches_a_planted_bug_the_other_seed_cases_miss(harness):

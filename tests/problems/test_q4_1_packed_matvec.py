@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from swarmfactory.engine.gguf_loader import QuantTensor
 from swarmfactory.engine.kernels import Weight
 from swarmfactory.engine.native import BASE_FLAGS, linear, load_library, pack, runnable_paths
-from swarmfactory.engine.native_layout import quantize_rows, unpack_q4_1
+from swarmfactory.layouts import quantize_rows, unpack_q4_1
 from swarmfactory.problems import load_problem
 from swarmfactory.problems.suites.cpu.q4_1_matmul import decode, make_blocks
 
@@ -104,7 +104,7 @@ def test_seed_equals_the_native_decoders_linear_bitwise(problem, path):
 def test_results_do_not_depend_on_batch_or_rows_in_the_call(problem, knobs):
     """The batch invariance the engine relies on: a row alone, in a batch (across the kernel's
     batch tiles) or with only part of the matrix in the call gives the same bits."""
-    from swarmfactory.engine.native_layout import REC_Q4_1
+    from swarmfactory.layouts import REC_Q4_1
 
     fn = _build(problem, problem.render(knobs), None)
     n, k, batch = 67, 288, 19

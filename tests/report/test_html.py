@@ -26,7 +26,7 @@ def test_report_is_self_contained_and_shows_the_champion(tmp_path):
     assert not re.search(r"""(src|href)=["']?https?://""", html), "the report must not load anything"
     assert "<svg" in html and "champion" in html and "lineage" in html
     champ = store.champion(__import__("swarmfactory.problems", fromlist=["x"]).load_problem("rmsnorm"))
-    assert champ["candidate_id"] in html
+    assert champ.candidate_id in html
     assert "void rmsnorm(" in html  # the champion's source
     show = subprocess.run([sys.executable, "-m", "swarmfactory.cli", "show", "--store", str(db)],
                           capture_output=True, text=True, timeout=120)

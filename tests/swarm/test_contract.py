@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from swarmfactory.enginefactory.tune import Tuner
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.swarm.contract import Factory, done_future, drive
 from swarmfactory.swarm.coordinator import Coordinator
 

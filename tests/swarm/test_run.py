@@ -22,7 +22,7 @@ DATA = Path(__file__).parent / "data"
 
 
 def search_evals(store, run_id=None):
-    return [e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]
+    return [e for e in store.evaluations(run_id=run_id) if e.purpose == "search"]
 
 
 def test_run_on_two_problems_finds_valid_champions_within_budget(tmp_path):
@@ -40,9 +40,9 @@ def test_run_on_two_problems_finds_valid_champions_within_budget(tmp_path):
         assert champ["speedup"] > 1.0 and champ["shapes"]
         # the champion's own recorded evaluations are all correct (its re-measure may have found
         # the machine too busy to time it: correct, no figure)
-        assert all(e["outcome"] in ("faster", "not_faster", "inconclusive")
+        assert all(e.outcome in ("faster", "not_faster", "inconclusive")
                    for e in store.evaluations(candidate_id=champ["candidate_id"]))
-    assert any(e["purpose"] == "remeasure" for e in store.evaluations(run_id=run_id))
+    assert any(e.purpose == "remeasure" for e in store.evaluations(run_id=run_id))
 
 
 @pytest.mark.slow
@@ -52,14 +52,14 @@ def test_candidates_measured_before_are_not_measured_again(tmp_path):
     first = Coordinator(cfg, store).run()
     champ = store.champion(load_problem("rmsnorm"))
     second = Coordinator(cfg, store).run()
-    ids_first = {e["candidate_id"] for e in search_evals(store, first)}
-    ids_second = [e["candidate_id"] for e in search_evals(store, second)]
+    ids_first = {e.candidate_id for e in search_evals(store, first)}
+    ids_second = [e.candidate_id for e in search_evals(store, second)]
     assert len(ids_second) == 4 and len(set(ids_second)) == 4
     assert not ids_first & set(ids_second)
     # the second run started from the first run's champion (none where the machine was too busy
     # for the first run to time anything faster)
     started = summarize(store, second)["problems"][0]["started_from"]
-    assert (started and started["candidate_id"]) == (champ and champ["candidate_id"])
+    assert (started and started["candidate_id"]) == (champ and champ.candidate_id)
 
 
 def test_a_template_that_only_breaks_leaves_the_run_healthy(tmp_path):
@@ -69,9 +69,9 @@ def test_a_template_that_only_breaks_leaves_the_run_healthy(tmp_path):
     run_id = Coordinator(cfg, store).run()
     evs = search_evals(store, run_id)
     assert len(evs) == 6
-    outcomes = {e["outcome"] for e in evs}
+    outcomes = {e.outcome for e in evs}
     assert outcomes <= {"build_failed", "crashed", "wrong"} and len(outcomes) >= 2
-    assert all(e["detail"] for e in evs)
+    assert all(e.detail for e in evs)
     s = summarize(store, run_id)
     assert s["status"] == "finished" and s["problems"][0]["champion"] is None
 
@@ -95,18 +95,18 @@ def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path, process_tree)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert process_tree.still_alive(tree, within=10) == set(), "a process of the killed run lives on"
-    run_id = store.run()["id"]
-    before = {e["id"]: e["candidate_id"] for e in search_evals(store, run_id)}
+    run_id = store.run().id
+    before = {e.id: e.candidate_id for e in search_evals(store, run_id)}
     assert 3 <= len(before) < 8
-    assert store.run(run_id)["status"] == "running"  # it never got to say otherwise
+    assert store.run(run_id).status == "running"  # it never got to say otherwise
     resumed = subprocess.run([sys.executable, "-m", "swarmfactory.cli", "run", "--resume", run_id,
                               "--store", str(db), "--json"], capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     after = search_evals(store, run_id)
-    assert {e["id"]: e["candidate_id"] for e in after if e["id"] in before} == before
+    assert {e.id: e.candidate_id for e in after if e.id in before} == before
     assert len(after) == 8
-    assert len({e["candidate_id"] for e in after}) == 8
-    assert store.run(run_id)["status"] == "finished"
+    assert len({e.candidate_id for e in after}) == 8
+    assert store.run(run_id).status == "finished"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -144,10 +144,10 @@ def test_a_drawn_model_shape_that_breaks_a_kernel_becomes_a_permanent_case(tmp_p
     cfg = RunConfig.build(problems=str(DATA / "wide_rows_problem.py"), budget=1, agents="seed", **FAST)
     run_id = Coordinator(cfg, store).run()
     [ev] = search_evals(store, run_id)
-    assert ev["outcome"] == "wrong" and "5120" in ev["detail"], ev["detail"]
-    assert ev["evidence"]["model_draw"]["draw"] == 0
+    assert ev.outcome == "wrong" and "5120" in ev.detail, ev.detail
+    assert ev.evidence["model_draw"]["draw"] == 0
     found = store.found_cases("rmsnorm")
-    assert [(r["found_by"], r["shape"]) for r in found] == [("model-draw", {"rows": 1, "cols": 5120})]
+    assert [(r.found_by, r.shape) for r in found] == [("model-draw", {"rows": 1, "cols": 5120})]
 
 
 needs_psi = pytest.mark.skipif(not contention.pressure_available(),
@@ -172,11 +172,11 @@ def test_a_run_on_a_busy_machine_crowns_nothing_and_measures_inconclusive_candid
         run_id = Coordinator(cfg, store).run()
     evs = search_evals(store, run_id)
     assert len(evs) == 3
-    assert all(e["outcome"] == "inconclusive" for e in evs), [(e["outcome"], e["detail"]) for e in evs]
-    assert all(e["evidence"]["contention"]["busy"] and e["speedup"] is None for e in evs)
+    assert all(e.outcome == "inconclusive" for e in evs), [(e.outcome, e.detail) for e in evs]
+    assert all(e.evidence["contention"]["busy"] and e.speedup is None for e in evs)
     # the seed agent's one candidate, then its retries
-    assert len({e["candidate_id"] for e in evs}) == 1
-    assert [e["evidence"].get("retry") is not None for e in evs] == [False, True, True]
+    assert len({e.candidate_id for e in evs}) == 1
+    assert [e.evidence.get("retry") is not None for e in evs] == [False, True, True]
     assert store.champion(load_problem("rmsnorm")) is None
     s = summarize(store, run_id)
     assert s["problems"][0]["contention"]["inconclusive"] == 3
@@ -196,19 +196,19 @@ def test_an_evaluated_faster_kernel_competes_and_a_run_re_measures_it(tmp_path):
     res = evaluate(p, p.render(), store, HarnessConfig(rounds=3, compile_baselines=False))
     crowned = res["outcome"] == "faster" and not busy(res["evidence"])
     champ = store.champion(p)
-    assert (champ is not None and champ["candidate_id"] == res["candidate_id"]) == crowned
+    assert (champ is not None and champ.candidate_id == res["candidate_id"]) == crowned
     assert (res["champion_change"] is not None) == crowned
     if not crowned:
         pytest.skip(f"the kernel measured {res['outcome']} on this machine now: nothing to re-measure")
     cfg = RunConfig.build(problems="rmsnorm", budget=1, agents="seed", **{**FAST, "remeasure_champions": True})
     run_id = Coordinator(cfg, store).run()
-    assert res["candidate_id"] not in {e["candidate_id"] for e in search_evals(store, run_id)}
-    [re] = [e for e in store.evaluations(run_id=run_id) if e["purpose"] == "remeasure"
-            and e["candidate_id"] == res["candidate_id"]]
+    assert res["candidate_id"] not in {e.candidate_id for e in search_evals(store, run_id)}
+    [re] = [e for e in store.evaluations(run_id=run_id) if e.purpose == "remeasure"
+            and e.candidate_id == res["candidate_id"]]
     last = store.champion_history(p.name)[-1]
-    if re["outcome"] == "faster" and not busy(re["evidence"]):
-        assert last["candidate_id"] == res["candidate_id"] and "confirmed" in last["reason"]
-    elif re["outcome"] == "inconclusive" or busy(re["evidence"]):
-        assert last["candidate_id"] == res["candidate_id"] and "not confirmed" in last["reason"]
+    if re.outcome == "faster" and not busy(re.evidence):
+        assert last.candidate_id == res["candidate_id"] and "confirmed" in last.reason
+    elif re.outcome == "inconclusive" or busy(re.evidence):
+        assert last.candidate_id == res["candidate_id"] and "not confirmed" in last.reason
     else:  # slower now: demoted at once
-        assert store.champion(p) is None or store.champion(p)["candidate_id"] != res["candidate_id"]
+        assert store.champion(p) is None or store.champion(p).candidate_id != res["candidate_id"]

@@ -1,5 +1,5 @@
 """Scale-out: the Ray executor on a real local Ray cluster, several coordinators on one store
-(a real PostgreSQL server where SWARMFACTORY_PG_URL is set, as CI provides), kill -9 and a
+(a real PostgreSQL server: ``pg_server`` in tests/conftest.py), kill -9 and a
 Ray worker killed mid-evaluation. No mocks of either."""
 
 import os
@@ -17,7 +17,7 @@ from swarmfactory.config import RunConfig
 from swarmfactory.evidence import schema as S
 from swarmfactory.evidence.store import Store
 from swarmfactory.harness.evaluate import HarnessConfig
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
 from swarmfactory.swarm.coordinator import Coordinator, RunError
 from swarmfactory.swarm.summary import summarize
@@ -37,7 +37,7 @@ CLI = [sys.executable, "-m", "swarmfactory.cli"]
 
 
 def search_evals(store, run_id=None):
-    return [e for e in store.evaluations(run_id=run_id) if e["purpose"] == "search"]
+    return [e for e in store.evaluations(run_id=run_id) if e.purpose == "search"]
 
 
 def leases(store):
@@ -72,22 +72,22 @@ def test_ray_run_records_verdicts_with_the_node_and_keeps_champions_per_hardware
     evs = search_evals(store, run_id)
     # correct verdicts; on a small machine the Ray daemons themselves take the measurement CPU
     # from the timed code, and the harness says so (`inconclusive`) instead of giving a figure
-    assert len(evs) == 2 and all(e["outcome"] in MEASURED_OR_BUSY for e in evs), \
-        [(e["outcome"], e["detail"]) for e in evs]
-    assert all(e["evidence"]["contention"]["rounds"] >= 3 for e in evs)
+    assert len(evs) == 2 and all(e.outcome in MEASURED_OR_BUSY for e in evs), \
+        [(e.outcome, e.detail) for e in evs]
+    assert all(e.evidence["contention"]["rounds"] >= 3 for e in evs)
     nodes = {n["NodeID"] for n in ray_cluster.nodes()}
     for e in evs:
-        node = e["evidence"]["node"]
-        assert node["node_id"] in nodes and node["hardware_id"] == e["hardware_id"]
+        node = e.evidence["node"]
+        assert node["node_id"] in nodes and node["hardware_id"] == e.hardware_id
     summary = summarize(store, run_id)["problems"][0]
     assert summary["started_from"] is None  # the other hardware's champion is not this one's
     champ = store.champion(p)
-    if any(e["outcome"] == "faster" and not e["evidence"]["contention"]["busy"] for e in evs):
-        assert champ is not None and champ["candidate_id"] != planted["id"]
-        assert champ["hardware_id"] == evs[0]["hardware_id"]
+    if any(e.outcome == "faster" and not e.evidence["contention"]["busy"] for e in evs):
+        assert champ is not None and champ.candidate_id != planted["id"]
+        assert champ.hardware_id == evs[0].hardware_id
     else:  # nothing measured faster here on a quiet machine: no champion, and not the planted one
         assert champ is None
-    assert other.champion(p)["candidate_id"] == planted["id"]  # untouched by a faster-looking run here
+    assert other.champion(p).candidate_id == planted["id"]  # untouched by a faster-looking run here
     assert not [lz for lz in leases(store) if lz["state"] == "held"]
 
 
@@ -158,16 +158,16 @@ def test_two_coordinators_on_one_postgresql_store_never_evaluate_a_candidate_twi
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err
     store = Store(pg_url, create=False)
-    runs = {e["run_id"] for e in search_evals(store)}
+    runs = {e.run_id for e in search_evals(store)}
     evs = search_evals(store)
     assert len(runs) == 2 and len(evs) == 4  # every verdict of both runs is there
-    ids = [e["candidate_id"] for e in evs]
+    ids = [e.candidate_id for e in evs]
     assert len(set(ids)) == 4, ids  # none evaluated twice
     seed = candidate_record(load_problem("rmsnorm"), load_problem("rmsnorm").render(), "seed", "defaults")
     assert ids.count(seed["id"]) == 1  # both proposed the seed first; one evaluated it
     done = leases(store)
     assert {lz["candidate_id"] for lz in done} == set(ids) and all(lz["state"] == "done" for lz in done)
-    store.engine.dispose()
+    store.close()
 
 
 def test_a_coordinator_killed_with_9_leaves_leases_that_another_run_takes_over(pg_url, tmp_path):
@@ -195,8 +195,8 @@ def test_a_coordinator_killed_with_9_leaves_leases_that_another_run_takes_over(p
     cfg = RunConfig.build(problems="rmsnorm", budget=2, lease_s=3, seed=1, **{**FAST, "parallel": 1})
     run_id = Coordinator(cfg, store).run()
     for lz in held:
-        evs = [e for e in search_evals(store) if e["candidate_id"] == lz["candidate_id"]]
-        assert len(evs) == 1 and evs[0]["run_id"] == run_id, evs
-        assert "taken over after 1 expired lease" in evs[0]["evidence"]["lease"]
+        evs = [e for e in search_evals(store) if e.candidate_id == lz["candidate_id"]]
+        assert len(evs) == 1 and evs[0].run_id == run_id, evs
+        assert "taken over after 1 expired lease" in evs[0].evidence["lease"]
     assert not [lz for lz in leases(store) if lz["state"] == "held"]
-    store.engine.dispose()
+    store.close()

@@ -11,7 +11,7 @@ import pytest
 
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 from swarmfactory.problems import load_problem
 from swarmfactory.swarm.succession import busy_refusal, confirmation, contend, retained
 
@@ -24,7 +24,7 @@ def world(tmp_path):
     store = Store(str(tmp_path / "e.db"))
     problem = load_problem("rmsnorm")
     yield store, problem
-    store.engine.dispose()
+    store.close()
 
 
 def kernel(problem, n: int, agent="seed") -> dict:
@@ -46,8 +46,8 @@ def remeasurer(store, problem, figures: dict):
     asked = []
 
     def remeasure(cand):
-        asked.append(cand["id"])
-        outcome, speedup, evidence = figures[cand["id"]]
+        asked.append(cand.id)
+        outcome, speedup, evidence = figures[cand.id]
         return record(store, problem, cand, outcome, speedup, evidence, purpose="remeasure")
     remeasure.asked = asked
     return remeasure
@@ -57,10 +57,10 @@ def test_a_faster_quiet_measurement_takes_the_title_and_a_smaller_one_does_not(w
     store, p = world
     a, b, c = kernel(p, 1), kernel(p, 2), kernel(p, 3)
     d = contend(store, p, record(store, p, a, Outcome.FASTER, 2.0))
-    assert d.crowned == a["id"] and store.champion(p)["candidate_id"] == a["id"]
+    assert d.crowned == a["id"] and store.champion(p).candidate_id == a["id"]
     assert contend(store, p, record(store, p, b, Outcome.FASTER, 1.5)).crowned is None
     assert contend(store, p, record(store, p, c, Outcome.FASTER, 3.0)).crowned == c["id"]
-    assert store.champion(p)["speedup"] == 3.0
+    assert store.champion(p).speedup == 3.0
 
 
 def test_busy_or_inconclusive_measurements_never_take_the_title(world):
@@ -78,7 +78,7 @@ def test_a_champion_whose_remeasure_is_slower_is_demoted_and_the_best_retained_o
     contend(store, p, record(store, p, third, Outcome.FASTER, 1.3))
     contend(store, p, record(store, p, second, Outcome.FASTER, 1.6))
     contend(store, p, record(store, p, champ, Outcome.FASTER, 1.9))
-    assert store.champion(p)["candidate_id"] == champ["id"]
+    assert store.champion(p).candidate_id == champ["id"]
     # the re-measure of the champion: slower than the baseline now; the next best (1.6x) is
     # re-measured afresh and is no longer faster; the one after it is, and takes the title at its
     # fresh figure
@@ -89,8 +89,8 @@ def test_a_champion_whose_remeasure_is_slower_is_demoted_and_the_best_retained_o
     assert again.asked == [second["id"], third["id"]]
     assert d.crowned == third["id"] and "demoted" in d.change
     now = store.champion(p)
-    assert now["candidate_id"] == third["id"] and now["speedup"] == 1.25
-    reasons = [r["reason"] for r in store.champion_history(p.name)]
+    assert now.candidate_id == third["id"] and now.speedup == 1.25
+    reasons = [r.reason for r in store.champion_history(p.name)]
     assert any(r.startswith(f"demoted {champ['id']}") and "0.13x" in r for r in reasons)
     assert any(r.startswith(f"successor {second['id']} not crowned") for r in reasons)
 
@@ -112,15 +112,15 @@ def test_an_inconclusive_remeasure_keeps_the_title_unconfirmed_and_says_since_wh
     contend(store, p, first)
     d = contend(store, p, record(store, p, champ, Outcome.INCONCLUSIVE, None, LOUD, purpose="remeasure"))
     assert "not confirmed" in d.change
-    assert store.champion(p)["candidate_id"] == champ["id"] and store.champion(p)["speedup"] == 2.0
-    assert confirmation(store, p, champ["id"])["id"] == first
+    assert store.champion(p).candidate_id == champ["id"] and store.champion(p).speedup == 2.0
+    assert confirmation(store, p, champ["id"]).id == first
     # a busy measurement of the champion neither confirms nor demotes it
     contend(store, p, record(store, p, champ, Outcome.NOT_FASTER, 0.5, LOUD, purpose="remeasure"))
-    assert store.champion(p)["candidate_id"] == champ["id"]
+    assert store.champion(p).candidate_id == champ["id"]
     # a quiet faster re-measure confirms it at the new figure
     last = record(store, p, champ, Outcome.FASTER, 1.8, purpose="remeasure")
     contend(store, p, last)
-    assert store.champion(p)["speedup"] == 1.8 and confirmation(store, p, champ["id"])["id"] == last
+    assert store.champion(p).speedup == 1.8 and confirmation(store, p, champ["id"]).id == last
 
 
 def test_an_eval_of_a_faster_kernel_competes_for_the_title(world):
@@ -129,7 +129,7 @@ def test_an_eval_of_a_faster_kernel_competes_for_the_title(world):
     contend(store, p, record(store, p, champ, Outcome.FASTER, 3.11))
     d = contend(store, p, record(store, p, user, Outcome.FASTER, 10.79, purpose="eval"))
     assert d.crowned == user["id"]
-    assert "eval evaluation" in store.champion_history(p.name)[-1]["reason"]
+    assert "eval evaluation" in store.champion_history(p.name)[-1].reason
 
 
 def test_the_engine_refuses_a_champion_last_confirmed_on_a_busy_machine(world):

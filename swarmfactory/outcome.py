@@ -7,6 +7,9 @@ from enum import Enum
 
 
 class Outcome(str, Enum):
+    """An evaluation's outcome. A ``str``: it compares equal to its value (``Outcome.FASTER ==
+    "faster"``), formats as it (``f"{outcome}"`` is ``faster``) and is stored as it."""
+
     BUILD_FAILED = "build_failed"
     CRASHED = "crashed"
     TIMED_OUT = "timed_out"
@@ -23,6 +26,12 @@ class Outcome(str, Enum):
     # champion or a lesson; measured again later
     INCONCLUSIVE = "inconclusive"
 
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
     @property
     def correct(self) -> bool:
         """Passed verification (measured or not)."""
@@ -33,9 +42,31 @@ class Outcome(str, Enum):
         """Correct and timed against the baseline: ``faster`` or ``not_faster``."""
         return self in (Outcome.NOT_FASTER, Outcome.FASTER)
 
+    @property
+    def rejected(self) -> bool:
+        """Failed a check: did not build, crashed, timed out, wrong or cheated."""
+        return not self.correct and self is not Outcome.NEEDS_DEVICE
 
-CORRECT = tuple(o.value for o in Outcome if o.correct)     # passed verification: not rejections
-MEASURED = tuple(o.value for o in Outcome if o.measured)   # a speed claim either way
+    @property
+    def no_claim(self) -> bool:
+        """Neither a speed claim nor a rejection: correct but not timed (``verified``,
+        ``inconclusive``), or waiting for a device to run at all (``needs_device``)."""
+        return not self.measured and not self.rejected
+
+    @property
+    def misbehaved(self) -> bool:
+        """Its code ran and did wrong (``wrong``, ``cheated``, ``crashed``): its other figures are
+        not evidence either."""
+        return self in (Outcome.WRONG, Outcome.CHEATED, Outcome.CRASHED)
+
+
+# The named sets, as the values the store holds (usable in SQL ``IN`` and in messages, in the
+# order above); an ``Outcome`` is found in them as its value is.
+CORRECT = tuple(o.value for o in Outcome if o.correct)         # passed verification: not rejections
+MEASURED = tuple(o.value for o in Outcome if o.measured)       # a speed claim either way
+REJECTED = tuple(o.value for o in Outcome if o.rejected)       # failed a check
+NO_CLAIM = tuple(o.value for o in Outcome if o.no_claim)       # correct or waiting, no speed claim
+MISBEHAVED = tuple(o.value for o in Outcome if o.misbehaved)   # ran and did wrong
 
 
 class Rejected(Exception):
