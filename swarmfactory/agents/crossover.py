@@ -1,5 +1,6 @@
 """Crossover: recombination of two elites' knobs, each knob from one parent: even odds, or where
-lessons speak about the two values, odds from the board's priors."""
+lessons speak about the two values, odds from the board's priors. Any search space
+(problems/space.py): kernel knobs or engine designs."""
 
 from __future__ import annotations
 

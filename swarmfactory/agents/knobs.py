@@ -1,6 +1,7 @@
-"""Knob agents: each mutates elites along one aspect of a template's design space.
+"""Knob agents: each mutates elites along one aspect of a search space (problems/space.py: a kernel
+template's knobs, or the engine factory's designs).
 
-Aspects are declared per knob by the problem (``knob_aspects``): blocking, vectorisation,
+Aspects are declared per knob by the space (``knob_aspects``): blocking, vectorisation,
 threading, unrolling, algorithm. New values are drawn from the board's priors (shaped by the
 lessons that apply to the problem; uniform where none do), and under priors the knobs whose
 parent value a lesson disfavours are moved more often. Also here: the seed agent (the

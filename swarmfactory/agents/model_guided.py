@@ -8,7 +8,9 @@ their features), so on a new problem or a new machine it proposes from the first
 evidence takes over as it accumulates. Once the problem has a few measured configurations of its
 own, the transferred evidence is checked against them (does a model trained on it alone rank them
 better than chance?); where it does not, the agent uses its own evidence only. Failed
-configurations train it as a heavy penalty, so it learns to avoid them too."""
+configurations train it as a heavy penalty, so it learns to avoid them too. It reads the space it
+searches through the protocol (problems/space.py) and its features (``costmodel.problem_features``),
+so it proposes engine designs as it proposes kernels."""
 
 from __future__ import annotations
 

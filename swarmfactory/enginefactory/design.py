@@ -2,45 +2,81 @@
 
 A design is an ``EngineConfig`` (engine/config.py) with the model and the weights format fixed by
 the tune run, and every other choice open: native decode batch and prompt tokens, dense-copy
-thresholds, threads, KV dtype, prefill chunk, max batch. ``KNOBS`` lists the values the agents
-choose from; ``None`` keeps the engine's own per-machine calibration for that key. A design's
-identity is the content hash of its canonical YAML, so the evidence store dedupes designs the way
-it dedupes kernels.
+thresholds, threads, KV dtype, prefill chunk, max batch, attention, the kernel factory's kernels.
+Each knob is declared once, on the ``EngineConfig`` field it sets (``engine.config.Knob``);
+``knob_table`` reads the declarations, and everything else is derived from it: ``KNOBS`` (the
+values the agents choose from; ``None`` keeps the engine's own per-machine calibration for that
+key), ``DEFAULT_KNOBS`` (the fields' defaults), the design space (space.py), the LLM's knob lines
+(llm_designs.py) and the ``--set`` help (``set_help``). A design's identity is the content hash
+of its config's non-default fields, so the evidence store dedupes designs the way it dedupes
+kernels, and a field added to ``EngineConfig`` with a default leaves every recorded design's
+identity as it was.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from swarmfactory.engine.config import DEFAULT_DENSE_ABOVE, ConfigError, EngineConfig
+from swarmfactory import kernelref
+from swarmfactory.engine.config import ConfigError, EngineConfig, Knob
 
-# dense_above presets: names for the agents, dicts (or None: calibrated) for the engine
-DENSE = {
-    "calibrated": None,
-    "none": {},                                      # every call on the int4 kernel
-    "early": {op: max(1, v // 2) for op, v in DEFAULT_DENSE_ABOVE.items()},
-    "late": {op: v * 4 for op, v in DEFAULT_DENSE_ABOVE.items()},
-}
 
-KNOBS: dict[str, tuple] = {
-    "native_decode": (None, 0, 8, 16, 32, 64),
-    "native_prefill": (None, 0, 16, 64, 128),
-    "dense": tuple(DENSE),
-    "kv_dtype": ("fp32", "bf16", "int8"),           # int8: per head and token scale (engine/kv_cache.py)
-    "prefill_chunk": (64, 128, 256, 512),
-    "max_batch": (16, 32, 64, 128),
-    "threads": (0, 1),                               # 0: one per core
-    "kernels": ("builtin", "champion"),              # the Q4_1 ops on the kernel factory's champion
-    "attention": ("padded", "exact"),                # torch decode attention (engine/config.py)
-    "matvec": ("builtin", "champion"),               # the native decoder's Q4_1 loop: the factory's champion
-}
+@dataclass(frozen=True)
+class KnobField:
+    """A design knob as declared on its EngineConfig field: its name, the field it sets, the
+    declaration, and its default (the knob value of the field's default)."""
 
-DEFAULT_KNOBS = {"native_decode": None, "native_prefill": None, "dense": "calibrated", "kv_dtype": "fp32",
-                 "prefill_chunk": 256, "max_batch": 32, "threads": 0, "kernels": "builtin",
-                "attention": "padded", "matvec": "builtin"}
+    name: str
+    field: str
+    knob: Knob
+    default: Any
+
+    @property
+    def values(self) -> tuple:
+        return self.knob.values
+
+    @property
+    def meaning(self) -> str:
+        return self.knob.meaning
+
+    def to_field(self, value: Any) -> Any:
+        """The field value a knob value sets (its preset, else the value itself)."""
+        return next((f for v, f in self.knob.presets if v == value), value)
+
+
+@functools.cache
+def knob_table(config: type[EngineConfig] = EngineConfig) -> dict[str, KnobField]:
+    """The design knobs ``config`` declares, by knob name, in field order (read-only). A field
+    whose default is none of its knob's values is a declaration error, raised here."""
+    out = {}
+    for field, info in config.model_fields.items():
+        knob = next((m for m in info.metadata if isinstance(m, Knob)), None)
+        if knob is None:
+            continue
+        default = info.get_default(call_default_factory=True)
+        value = next((v for v, f in knob.presets if f == default), default)
+        if value not in knob.values:
+            raise ValueError(f"{config.__name__}.{field}: its default {default!r} is none of its knob's values "
+                             f"{list(knob.values)}")
+        out[knob.name or field] = KnobField(knob.name or field, field, knob, value)
+    return out
+
+
+KNOBS: dict[str, tuple] = {name: kf.values for name, kf in knob_table().items()}
+DEFAULT_KNOBS: dict[str, Any] = {name: kf.default for name, kf in knob_table().items()}
+
+
+def set_help(config: type[EngineConfig] = EngineConfig) -> str:
+    """The help of ``engine tune --set``: every knob with its values (``calibrated``: the engine's
+    own measurement, ``None`` in the config)."""
+    knobs = ", ".join(f"{name}={'|'.join('calibrated' if v is None else str(v) for v in kf.values)}"
+                      for name, kf in knob_table(config).items())
+    return f"KNOB=VALUE fixed by the deployment, e.g. threads=1 (repeatable; knobs: {knobs})"
 
 # ops stored as Q4_1 in a q4_1 GGUF (the output head is Q8_0): where a q4_1_matmul champion plugs in
 CHAMPION_OPS = ("qkv", "o", "gate_up", "down")
@@ -56,12 +92,12 @@ class NoChampion(ConfigError):
 
 def pins(cfg: EngineConfig) -> dict[str, str]:
     """problem -> candidate id of every kernel-factory champion ``cfg`` pins (``champion:P@ID``)."""
-    out = {}
-    for name in [*cfg.kernels.values(), cfg.native_matvec or ""]:
-        if name.startswith("champion:") and "@" in name:
-            problem, _, cid = name.partition(":")[2].partition("@")
-            out[problem] = cid
-    return out
+    return kernelref.pins([*cfg.kernels.values(), cfg.native_matvec or ""])
+
+
+# the knobs ``Design.describe`` spells out; any other is named where it is not at its default
+DESCRIBED = ("native_decode", "native_prefill", "dense", "kv_dtype", "prefill_chunk", "max_batch", "threads",
+             "attention", *CHAMPION_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -84,6 +120,9 @@ class Design:
         for knob, problem in CHAMPION_KNOBS.items():
             if k.get(knob, "builtin") != "builtin":
                 out += f" {knob}={problem}@{(self.pins.get(problem) or '?')[:12]}"
+        for name, kf in knob_table(type(self.config)).items():  # knobs declared since, where set
+            if name not in DESCRIBED and k.get(name, kf.default) != kf.default:
+                out += f" {name}={k[name]}"
         return out
 
     @property
@@ -97,16 +136,11 @@ class Design:
         return self.pins.get(CHAMPION_PROBLEM)
 
 
-# config keys added after designs were first recorded: hashed only when not at their default, so
-# a design recorded before a key existed keeps its identity
-LATER_KEYS = {"attention": "padded", "native_matvec": None}
-
-
 def design_key(cfg: EngineConfig) -> str:
-    data = cfg.model_dump()
-    for k, default in LATER_KEYS.items():
-        if data.get(k) == default:
-            data.pop(k)
+    """The design's identity: the hash of the fields of ``cfg`` that are not at their default, so a
+    field added with a default never changes the key of a design recorded before it."""
+    fields = type(cfg).model_fields
+    data = {k: v for k, v in cfg.model_dump().items() if v != fields[k].get_default(call_default_factory=True)}
     blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(("engine-design\n" + blob).encode()).hexdigest()[:20]
 
@@ -115,7 +149,7 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
     """The design for ``knobs`` on top of the run's base config (model, weights, max_seq_len).
 
     ``champions``: problem -> candidate id of this hardware's kernel-factory champions the engine
-    may take (``engine.native_seam.current_champion``: none confirmed on a busy machine; a bare id
+    may take (``champions.current``: none confirmed on a busy machine; a bare id
     is the ``q4_1_matmul`` one). ``kernels=champion`` runs the Q4_1 ops on the ``q4_1_matmul``
     champion (``champion:q4_1_matmul@ID`` per op, the native decoder off); ``matvec=champion``
     compiles the ``q4_1_packed_matvec`` champion into the native decoder
@@ -127,17 +161,18 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
     if isinstance(champions, str):
         champions = {CHAMPION_PROBLEM: champions}
     champions = champions or {}
-    unknown = set(knobs) - set(KNOBS)
+    table = knob_table(type(base))
+    unknown = set(knobs) - set(table)
     if unknown:
-        raise ConfigError(f"unknown design knob(s): {', '.join(sorted(unknown))} (known: {', '.join(KNOBS)})")
-    k = {**DEFAULT_KNOBS, **knobs}
+        raise ConfigError(f"unknown design knob(s): {', '.join(sorted(unknown))} (known: {', '.join(table)})")
+    k = {**{name: kf.default for name, kf in table.items()}, **knobs}
     for name, val in k.items():
-        if val not in KNOBS[name]:
-            raise ConfigError(f"design knob {name}={val!r} is not one of {list(KNOBS[name])}")
+        if val not in table[name].values:
+            raise ConfigError(f"design knob {name}={val!r} is not one of {list(table[name].values)}")
     data = base.model_dump()
-    data.update(native_decode=k["native_decode"], native_prefill=k["native_prefill"],
-                dense_above=DENSE[k["dense"]], kv_dtype=k["kv_dtype"], prefill_chunk=k["prefill_chunk"],
-                max_batch=k["max_batch"], threads=k["threads"], attention=k["attention"])
+    for name, kf in table.items():
+        if name not in CHAMPION_KNOBS:  # pinned below, by candidate id
+            data[kf.field] = kf.to_field(k[name])
     if base.weights != "q4_1":  # these keys mean nothing for bf16/fp32: pin them so designs dedupe
         data.update(native_decode=0, native_prefill=0, dense_above=None)
         k.update(native_decode=0, native_prefill=0, dense="calibrated", kernels="builtin")
@@ -167,34 +202,7 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
             k["matvec"] = "builtin"
         else:
             data["native_matvec"] = f"champion:{MATVEC_PROBLEM}@{champions[MATVEC_PROBLEM]}"
-    return Design(k, EngineConfig.from_dict(data))
-
-
-def default_design(base: EngineConfig) -> Design:
-    """What ``engine serve`` runs without a profile: the calibrated defaults."""
-    return build({}, base)
-
-
-def mutate(knobs: dict, rng: random.Random, n: int = 1) -> dict:
-    """Move ``n`` knobs to a neighbouring or random value."""
-    out = dict(knobs)
-    for name in rng.sample(list(KNOBS), n):
-        vals = KNOBS[name]
-        i = vals.index(out[name]) if out[name] in vals else 0
-        if rng.random() < 0.7 and name not in ("dense", "kv_dtype"):  # ordered: step to a neighbour
-            j = min(len(vals) - 1, max(0, i + rng.choice((-1, 1))))
-        else:
-            j = rng.randrange(len(vals))
-        out[name] = vals[j]
-    return out
-
-
-def crossover(a: dict, b: dict, rng: random.Random) -> dict:
-    return {name: (a if rng.random() < 0.5 else b)[name] for name in KNOBS}
-
-
-def random_knobs(rng: random.Random) -> dict:
-    return {name: rng.choice(vals) for name, vals in KNOBS.items()}
+    return Design(k, type(base).from_dict(data))
 
 
 def torch_path(knobs: dict) -> bool:
@@ -237,13 +245,3 @@ def make_invariant(knobs: dict, rng: random.Random) -> dict:
         k.update(native_decode=0, native_prefill=0, dense="none", attention="exact")
     return k
 
-
-def features(knobs: dict) -> list[float]:
-    """Numbers for the cost model: each knob as a position in its value list, scaled to [0, 1]
-    (``None``/calibrated counts as its own position)."""
-    out = []
-    for name, vals in KNOBS.items():
-        val = knobs.get(name, DEFAULT_KNOBS[name])
-        i = vals.index(val) if val in vals else 0
-        out.append(i / max(1, len(vals) - 1))
-    return out

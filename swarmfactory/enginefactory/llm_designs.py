@@ -11,7 +11,8 @@ agent disables itself and ``disabled`` says why.
 The designs returned use only knobs and values of the space given, with the deployment's fixed
 knobs applied and duplicates within an answer removed. They are not built: the caller builds each
 with ``design.build`` (which may still refuse a combination), drops designs it has measured (by
-design key) and, for q4_1, those that are not batch invariant.
+design key) and, for q4_1, those that are not batch invariant. What each knob means comes from
+its declaration on ``EngineConfig`` (``engine.config.Knob``, read by ``design.knob_table``).
 """
 
 from __future__ import annotations
@@ -35,34 +36,6 @@ RATIONALE_KEYS = ("why", "rationale", "reason")
 NO_JSON = "no JSON array or object in the answer"
 SYSTEM = ("You are an expert in LLM inference serving performance on CPUs. You propose engine "
           "configurations and answer with JSON exactly as asked.")
-
-# What each knob means (docs/engine.md, "EngineConfig" and "The engine factory"); a knob not
-# listed here is shown with its values only.
-MEANINGS = {
-    "native_decode": "q4_1 with an fp32 KV cache: engine steps with at most this many decode sequences run "
-                     "the native C decoder (SIMD for this CPU) instead of torch; null = measured on this "
-                     "machine at load, 0 = off",
-    "native_prefill": "prompt tokens per step the native decoder takes along with its decode rows (at most "
-                      "prefill_chunk; a step with more runs on torch); null = measured, 0 = prompts on torch",
-    "dense": "q4_1 weights: above how many rows an op uses a dense copy of its weights (bf16 oneDNN, or fp32 "
-             "sgemm where bf16 is not available) instead of torch's int4 kernel; calibrated = measured on "
-             "this machine, none = every call on the int4 kernel, early = half the default thresholds, "
-             "late = four times them",
-    "kv_dtype": "KV cache dtype; bf16 halves its memory, int8 (a scale per head and token) quarters it, "
-                "and the native decoder needs fp32",
-    "prefill_chunk": "prompt tokens per engine step (chunked prefill: smaller chunks interleave long prompts "
-                     "with the decode of other sequences)",
-    "max_batch": "sequences decoded together (KV cache slots); further requests wait",
-    "threads": "torch intra-op threads; 0 = one per available core",
-    "kernels": "builtin = the engine's own kernels; champion = the Q4_1 ops run the kernel factory's q4_1_matmul "
-               "champion for this machine (native decoder off; offered only where a champion exists)",
-    "attention": "torch decode attention: padded = one batched matmul over the longest context, masked (fast, "
-                 "not batch invariant bitwise); exact = each sequence over its own context (batch invariant, "
-                 "one small matmul per sequence); the native decoder is always exact",
-    "matvec": "builtin = the native decoder's own Q4_1 loop; champion = the kernel factory's q4_1_packed_matvec "
-              "champion for this machine compiled into the native decoder (only where the native decoder runs; "
-              "offered only where a champion exists)",
-}
 
 
 @dataclass(frozen=True)
@@ -207,10 +180,18 @@ def _rows(measured: list[dict]) -> tuple[list[dict], int]:
     return rows, len(measured) - len(shown)
 
 
-def design_prompt(space: dict, measured: list[dict], fixed: dict, n: int, target: str) -> list[dict]:
-    """The chat messages asking for up to ``n`` designs."""
+def declared_meanings() -> dict[str, str]:
+    """What each of EngineConfig's design knobs means, as declared on its field."""
+    return {name: kf.meaning for name, kf in D.knob_table().items()}
+
+
+def design_prompt(space: dict, measured: list[dict], fixed: dict, n: int, target: str,
+                  meanings: dict[str, str] | None = None) -> list[dict]:
+    """The chat messages asking for up to ``n`` designs. ``meanings``: knob -> what it does
+    (default: ``declared_meanings``); a knob without one is shown with its values only."""
     fp = cpu_fingerprint()
-    knobs = [{"name": k, "choices": ", ".join(_show(v) for v in vals), "meaning": MEANINGS.get(k),
+    meanings = declared_meanings() if meanings is None else meanings
+    knobs = [{"name": k, "choices": ", ".join(_show(v) for v in vals), "meaning": meanings.get(k),
               "fixed": _show(fixed[k]) if k in fixed else None} for k, vals in space.items()]
     rows, omitted = _rows(measured)
     user = render_prompt("engine_design.md.j2", target=target or "this machine", machine=fp, knobs=knobs,
@@ -235,21 +216,22 @@ class DesignLLM:
         """Record every call in ``store`` (llm_calls) under ``run_id`` and ``problem``."""
         self.store, self.run_id, self.problem = store, run_id, problem
 
-    def propose(self, space: dict, measured: list[dict], fixed, n: int) -> list[DesignProposal]:
+    def propose(self, space: dict, measured: list[dict], fixed, n: int,
+                meanings: dict[str, str] | None = None) -> list[DesignProposal]:
         """One call, waited for; [] when it failed or the answer held no usable design. ``fixed``:
-        a dict or (knob, value) pairs (TuneConfig.fixed)."""
+        a dict or (knob, value) pairs (TuneConfig.fixed); ``meanings`` as ``design_prompt``'s."""
         if self.disabled:
             return []
         fixed = dict(fixed)
-        return self._call(design_prompt(space, measured, fixed, n, self.target), space, fixed, n).proposals
+        return self._call(design_prompt(space, measured, fixed, n, self.target, meanings), space, fixed, n).proposals
 
-    def submit(self, space: dict, measured: list[dict], fixed, n: int) -> bool:
+    def submit(self, space: dict, measured: list[dict], fixed, n: int, meanings: dict[str, str] | None = None) -> bool:
         """``propose`` in the background, unless a call is pending or the agent is disabled;
         False when no call was started."""
         if self.disabled or self.busy():
             return False
         fixed = dict(fixed)
-        messages = design_prompt(space, measured, fixed, n, self.target)
+        messages = design_prompt(space, measured, fixed, n, self.target, meanings)
 
         def call():
             self.answer = self._call(messages, space, fixed, n)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from swarmfactory.harness.outcome import CORRECT
+from swarmfactory.outcome import CORRECT
 
 
 @dataclass

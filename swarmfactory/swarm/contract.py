@@ -31,7 +31,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Callable
 
-from swarmfactory.harness.outcome import Outcome, Verdict
+from swarmfactory.outcome import Outcome, Verdict
 
 MAX_IDLE_TURNS = 50  # consecutive proposals asked for and none given (nobody thinking): the run is done
 

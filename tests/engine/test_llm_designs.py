@@ -130,9 +130,9 @@ def test_calls_run_in_the_background_and_repeated_fatal_errors_disable_the_agent
         assert not llm.submit(D.KNOBS, MEASURED, {}, 2) and llm.propose(D.KNOBS, MEASURED, {}, 2) == []
         assert len(srv.requests) == 4
     rows = store.llm_calls("run1")
-    assert [r["status"] for r in rows] == ["ok", "http_fatal", "http_fatal", "http_fatal"]
-    assert rows[0]["operator"] == "design" and rows[0]["problem"] == "engine:test"
-    assert rows[0]["prompt_tokens"] > 0 and rows[0]["raw"] is None and "HTTP 400" in rows[1]["error"]
+    assert [r.status for r in rows] == ["ok", "http_fatal", "http_fatal", "http_fatal"]
+    assert rows[0].operator == "design" and rows[0].problem == "engine:test"
+    assert rows[0].prompt_tokens > 0 and rows[0].raw is None and "HTTP 400" in rows[1].error
 
 
 def test_the_cost_cap_disables_the_agent():
@@ -160,7 +160,7 @@ def test_engine_tune_refuses_a_bad_llm_endpoint_before_any_work(tmp_path):
                          (("--llm", "http://127.0.0.1:9/v1"), "--llm-model"),
                          (("--llm", "openai:gpt-4o-mini"), "OPENAI_API_KEY"),
                          (("--llm", "local"), "not available for engine tune")]:
-        r = subprocess.run([sys.executable, "-m", "swarmfactory.engine.cli", "tune", *args, "--store",
+        r = subprocess.run([sys.executable, "-m", "swarmfactory.engine_cli", "tune", *args, "--store",
                             str(tmp_path / "e.db"), "--model", str(tmp_path / "missing.gguf")],
                            capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 2, (args, r.stderr)
@@ -173,7 +173,8 @@ def test_the_tune_loop_measures_the_llms_designs_first_and_records_why(tmp_path)
     """Wiring: the Tuner starts a call without waiting, queues the answer's valid designs ahead of
     its own proposals (dropping a non-invariant one, with a log line), and the rationale goes into
     the evidence. No engine is loaded: the loop's proposal step alone."""
-    from swarmfactory.enginefactory.tune import Entry, TuneConfig, Tuner
+    from swarmfactory.enginefactory.measure import Entry
+    from swarmfactory.enginefactory.tune import TuneConfig, Tuner
     from swarmfactory.evidence.store import Store
 
     mixed = json.dumps([{"native_decode": 8, "max_batch": 32, "why": "mixes paths by batch"},
@@ -192,7 +193,7 @@ def test_the_tune_loop_measures_the_llms_designs_first_and_records_why(tmp_path)
         design, agent_name, parents = tuner._propose()
     assert agent_name == "llm-design:replay" and parents == []
     assert design.knobs["attention"] == "exact" and design.config.max_batch == 64
-    assert tuner.rationale[design.key] == "int4 throughout, exact attention"
+    assert tuner.proposer.rationale[design.key] == "int4 throughout, exact attention"
     assert any("not batch invariant" in m for m in logs), logs
     prompt = srv.requests[0]["body"]["messages"][-1]["content"]
     assert "`attention`: " in prompt and "`kernels`: " in prompt

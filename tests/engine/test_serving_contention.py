@@ -185,30 +185,43 @@ def test_a_design_measured_on_a_busy_machine_is_inconclusive_and_never_the_profi
     import swarmfactory.bench.serving as S
     import swarmfactory.enginefactory.tune as T
     from swarmfactory.enginefactory import design as D
+    from swarmfactory.enginefactory.measure import Entry
+    from swarmfactory.enginefactory.runner import Start
+    from swarmfactory.enginefactory.server import DesignServer
     from swarmfactory.evidence.quality import busy
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome
+    from swarmfactory.outcome import Outcome
 
-    class Stand(T.DesignServer):  # the session's server, measured by DesignServer.measure; never killed
+    class Stand(DesignServer):  # the session's server, measured by DesignServer.measure; never killed
         def __init__(self):
             self.url, self.proc = server.url, server.proc
 
         def close(self):
             pass
 
+    class StandIn:  # the runner: every design started is the session's server
+        def open(self, model_path, deadline, log):
+            pass
+
+        def start(self, config, serve_anyway=False):
+            return Start(Stand(), None, {"paths": {}}, {})
+
+        def close(self):
+            pass
+
     monkeypatch.setattr(S, "QUIET_WAIT_S", 0.5)
-    monkeypatch.setattr(T, "start_design", lambda *a, **k: T.Start(Stand(), None, {"paths": {}}, {}))
     store = Store(str(tmp_path / "e.db"))
     cfg = T.TuneConfig(workloads=((16, 8),), concurrency=(1, 2), screen=None)
-    tuner = T.Tuner(cfg, store)
+    tuner = T.Tuner(cfg, store, runner=StandIn())
     tuner.run_id = store.create_run({"kind": "engine-tune", **cfg.to_dict()})
-    tuner.reference, tuner.deadline = tmp_path, time.monotonic() + 600
-    tuner.default = tuner.champion = T.Entry(D.build({}, tuner.base), 1.0, 1e-3)  # any design "beats" it
-    design = tuner._build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16})
+    tuner.deadline = time.monotonic() + 600
+    tuner.default = tuner.champion = Entry(D.build({}, tuner.base), 1.0, 1e-3)  # any design "beats" it
+    design = tuner.problem.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16})
     hog = _hog()
     try:
         time.sleep(0.2)
-        verdict, srv = tuner._evaluate(design, tmp_path, "test")
+        result = tuner._evaluate(design, "test")
+        verdict, srv = result.verdict, result.served
     finally:
         hog.kill()
         hog.wait()
@@ -219,7 +232,8 @@ def test_a_design_measured_on_a_busy_machine_is_inconclusive_and_never_the_profi
     assert cont["busy"] and cont["suffered"] > C.BUSY and busy(verdict.evidence)
     assert "measured on a busy machine" in verdict.detail
 
-    entry, crowned = tuner._judge(design, verdict, srv, "test")
+    entry, crowned = tuner.confirmation.judge(design, verdict, srv, default=tuner.default, champion=tuner.champion,
+                                              deadline=tuner.deadline, note="test")
     assert not crowned and verdict.outcome is Outcome.INCONCLUSIVE  # no confirmation round, no champion
     tuner._pending = {design.key: (entry, crowned, "test")}
     tuner.complete((design, "knobs", []), verdict)
@@ -227,8 +241,8 @@ def test_a_design_measured_on_a_busy_machine_is_inconclusive_and_never_the_profi
         e.design.key for e in tuner.entries]
     assert store.champion(tuner.problem) is None
     assert tuner.busy_summary().startswith("1 design(s) inconclusive because the machine was busy")
-    (row,) = [e for e in store.evaluations(problem=tuner.problem.name) if e["candidate_id"] == design.key]
-    assert row["outcome"] == "inconclusive" and row["evidence"]["contention"]["busy"] is True
+    (row,) = [e for e in store.evaluations(problem=tuner.problem.name) if e.candidate_id == design.key]
+    assert row.outcome == "inconclusive" and row.evidence["contention"]["busy"] is True
 
     later = T.Tuner(cfg, store)  # another run: the design is measured again, and is no entry meanwhile
     later.run_id = "another"
