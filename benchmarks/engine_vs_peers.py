@@ -132,7 +132,7 @@ def engine_cmd(port: int, threads: int, max_batch: int, max_seq_len: int, weight
     """``engine serve`` sized for the run. A profile sets the whole design (weights, threads,
     batch, context), so with ``profile`` nothing else is passed; ``no_profile`` adds
     ``--profile none`` (the untuned engine, where serve has that option)."""
-    cmd = [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "swarmfactory.engine_cli", "serve", "--port", str(port)]
     if profile:
         return cmd + ["--profile", profile]
     if weights:
@@ -146,7 +146,7 @@ def engine_cmd(port: int, threads: int, max_batch: int, max_seq_len: int, weight
 
 def serve_takes_profile() -> bool:
     """Whether this checkout's ``engine serve`` has --profile (tuned profiles)."""
-    r = subprocess.run([sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--help"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "swarmfactory.engine_cli", "serve", "--help"], capture_output=True,
                        text=True, env={**os.environ, "COLUMNS": "200"})
     return r.returncode == 0 and "--profile" in r.stdout
 

@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     from swarmfactory.engine.kernels import Weight
     from swarmfactory.engine.kv_cache import KVCache
     from swarmfactory.engine.native import NativeDecoder, load_checked
-    from swarmfactory.engine.native.matvec import External, Matvec
+    from swarmfactory.engine.native.matvec import External
+    from swarmfactory.engine.supply import BuiltKernel, NoSupply
     from swarmfactory.engine.native_seam import kernel_class
     from swarmfactory.hardware import cpu_fingerprint
     from swarmfactory.problems import load_problem
@@ -62,16 +63,18 @@ def main(argv=None) -> int:
     problem = load_problem("q4_1_packed_matvec")
     src = problem.render(json.loads(args.knobs))
     art = CBackend().build(src, problem.name, prototype=problem.c_prototype, checks=True)
-    # no candidate id: a finding is logged, not stored
-    mv = Matvec("bench", "", src, "benchmark", art.path, problem.tolerance.rtol, problem.tolerance.atol)
+    # no store: a finding is logged, not recorded
+    mv = BuiltKernel("bench", problem.name, "", art.path, src, "benchmark", problem.tolerance.rtol,
+                     problem.tolerance.atol)
+    said = NoSupply().on_wrong
     lib, isa, _ = load_checked()
     import ctypes
 
     kernel = ctypes.CDLL(art.path, mode=ctypes.RTLD_LOCAL)
-    every = External(lib, mv, kernel)
+    every = External(lib, mv, kernel, said)
     every.ext = every.new_ext(audit=True, share=1)
-    libs = {"built-in decoder": lib, "kernel, audited": External(lib, mv, kernel, audit=True),
-            "kernel, every call audited": every, "kernel, no audit": External(lib, mv, kernel, audit=False)}
+    libs = {"built-in decoder": lib, "kernel, audited": External(lib, mv, kernel, said, audit=True),
+            "kernel, every call audited": every, "kernel, no audit": External(lib, mv, kernel, said, audit=False)}
     max_b = max(batches)
     kv = KVCache(hp.n_layers, max_b, hp.n_kv_heads, 256, hp.head_dim, torch.float32)
     decs = {name: NativeDecoder(gg, kv, max_b, args.threads, lb) for name, lb in libs.items()}

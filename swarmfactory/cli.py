@@ -10,7 +10,6 @@ import importlib
 import json
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -19,23 +18,14 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from swarmfactory.commandline import (DEBUG_HELP, READ_STORE_HELP, STORE_DEFAULT, STORE_HELP, WRITE_STORE_HELP,
+                                      UsageError, dflt, err, fail, open_store, run, store_option)
+
 # Rich sizes output to the terminal; off a terminal (pipes, CI logs) it uses $COLUMNS or 80.
 # The tables are laid out for 80 columns; --wide prints every column at its natural width.
-err = Console(stderr=True)
 out = Console()
 
 
-def _dflt(text: str) -> str:
-    # Shown as "[default: ...]" after the help (escaped: the help text is Rich markup). Typer's own
-    # show_default="..." would print "[default: (...)]".
-    return f" \\[default: {text}]"
-
-
-DEFAULT_STORE = ".swarmfactory/evidence.db"  # evidence.store.DEFAULT_PATH (kept light to import)
-STORE_HELP = "evidence store: a SQLite file or a postgresql:// URL"
-STORE_DEFAULT = f"$SWARMFACTORY_STORE, else {DEFAULT_STORE}"
-READ_STORE_HELP = STORE_HELP + "; must already exist" + _dflt(STORE_DEFAULT)
-WRITE_STORE_HELP = STORE_HELP + "; created if missing (not its folder)" + _dflt(STORE_DEFAULT)
 # RunConfig's defaults, shown in --help without importing pydantic (a test keeps them equal).
 RUN_DEFAULTS = {"agents": "default", "parallel": 2, "rounds": 20, "objective": "weighted", "seed": 0, "llm_cost_cap": 5.0,
                 "llm_concurrency": 1, "llm_timeout_s": 180.0, "llm_max_tokens": 1500, "executor": "local",
@@ -44,7 +34,7 @@ RUN_DEFAULTS = {"agents": "default", "parallel": 2, "rounds": 20, "objective": "
 
 def _d(key: str) -> str:
     value = RUN_DEFAULTS[key]
-    return _dflt(format(value, "g") if isinstance(value, float) else str(value))
+    return dflt(format(value, "g") if isinstance(value, float) else str(value))
 
 
 JSON_HELP = "print one JSON object on stdout instead of tables"
@@ -52,10 +42,7 @@ OBJECTIVES = ("weighted", "geomean", "worst")  # harness/verdicts.py (kept here:
 OBJECTIVE_HELP = ("what `faster` means across the workload shapes: weighted (the problem's call mix, and no "
                   "shape significantly slower), geomean (flags slower shapes), worst (the slowest shape)")
 WIDE_HELP = "every column (eager ratio, roofline, rejected verdicts by kind, ...), at full width"
-DEBUG_HELP = "show the traceback instead of a one-line error"
 ENGINE_HELP = "serve, generate with and benchmark the inference engine"
-# Click's exception types, as the click that typer uses (recent typers vendor their own copy).
-_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 def _tidy(params: list, ctx) -> list:
@@ -121,25 +108,8 @@ def _debug_option():
     return typer.Option(False, "--debug", help=DEBUG_HELP)
 
 
-class UsageError(Exception):
-    """Bad input from the user: one line on stderr, exit code 2."""
-
-
-def fail(message: str) -> None:
-    raise UsageError(message)
-
-
 def _fmt(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
-
-
-def _open_store(store: Optional[str], create: bool, write: bool = False):
-    """Reading commands open an existing store only; ``run`` and ``eval`` may create the file.
-    A store opened to be written (``create`` or ``write``) must take a write now, before any
-    work: else one line, exit 2."""
-    from swarmfactory.evidence.store import Store
-
-    return Store(store, create=create, write=create or write)
 
 
 def _announce(st) -> None:
@@ -201,8 +171,8 @@ def eval_cmd(
                                 help="problem name or path to a problem .py"),
     backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME",
                                           help="what KERNEL is written in: c, triton, cuda or ptx"
-                                               + _dflt("by its extension")),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
+                                               + dflt("by its extension")),
+    store: Optional[str] = store_option(WRITE_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     rounds: int = typer.Option(20, metavar="N", help="interleaved timing rounds per shape (>= 3)"),
     objective: str = typer.Option("weighted", "--objective", metavar="|".join(OBJECTIVES), help=OBJECTIVE_HELP),
@@ -232,7 +202,7 @@ def eval_cmd(
 
     prob = load_problem(problem)
     lang, text = _kernel_source(source, prob, backend)
-    st = _open_store(store, create=True)
+    st = open_store(store, create=True)
     _announce(st)
     from swarmfactory.evidence.store import StoreWriteError
 
@@ -332,13 +302,37 @@ def _print_verdict(res: dict) -> None:
         out.print(f"title: {res['champion_change']}", markup=False)
 
 
+def _run_config(overrides: dict, config: Optional[Path], resume: Optional[str]):
+    """The RunConfig of ``run``'s flags over its ``--config`` file; bad input (a bad value, no
+    budget, an unknown problem, a flag ``--resume`` cannot take) is one line before any work."""
+    from swarmfactory.config import ConfigError, RunConfig, parse_duration
+
+    try:
+        overrides = {**overrides, "time_s": parse_duration(overrides["time_s"])}
+        if config:
+            cfg = RunConfig.from_yaml(config, **overrides)
+        else:
+            cfg = RunConfig.build(**{k: v for k, v in overrides.items() if v is not None})
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    if resume:
+        _only_limits_with_resume(resume, overrides, config)
+    elif cfg.budget is None and cfg.time_s is None:
+        fail("give a budget: --budget N evaluations and/or --time 10m")
+    else:
+        from swarmfactory.problems import resolve_problems
+
+        resolve_problems(",".join(cfg.problems))  # an unknown problem: one line before the store is touched
+    return cfg
+
+
 @app.command("run")
 def run_cmd(
     problems: Optional[str] = typer.Option(None, "--problems", metavar="NAMES",
-                                           help="'all' or a comma-separated list of names/paths" + _dflt("all")),
+                                           help="'all' or a comma-separated list of names/paths" + dflt("all")),
     budget: Optional[int] = typer.Option(None, "--budget", metavar="N",
                                          help="evaluations (new measurements) in this run"
-                                              + _dflt("none: give --budget and/or --time")),
+                                              + dflt("none: give --budget and/or --time")),
     time_budget: Optional[str] = typer.Option(None, "--time", metavar="DURATION",
                                               help="wall-clock budget: 90s, 10m, 1h"),
     agents: Optional[str] = typer.Option(None, "--agents", metavar="NAMES",
@@ -346,7 +340,7 @@ def run_cmd(
                                               "random-restart), agent names, adversary, llm" + _d("agents")),
     resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID",
                                          help="continue an interrupted run by its id"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=WRITE_STORE_HELP),
+    store: Optional[str] = store_option(WRITE_STORE_HELP),
     config: Optional[Path] = typer.Option(None, "--config", metavar="FILE.yaml",
                                           help="YAML run config (flags override it)"),
     parallel: Optional[int] = typer.Option(None, "--parallel", metavar="N",
@@ -356,7 +350,7 @@ def run_cmd(
     objective: Optional[str] = typer.Option(None, "--objective", metavar="|".join(OBJECTIVES),
                                             help=OBJECTIVE_HELP + _d("objective")),
     compile_baselines: Optional[bool] = typer.Option(None, "--compile-baselines/--no-compile-baselines",
-                                                     help="also time torch.compile'd baselines" + _dflt("on")),
+                                                     help="also time torch.compile'd baselines" + dflt("on")),
     seed: Optional[int] = typer.Option(None, "--seed", metavar="N",
                                        help="seed of the agents' random choices and of the budget bandit"
                                             + _d("seed")),
@@ -379,10 +373,10 @@ def run_cmd(
                                                 "cluster (one measurement per node at a time)" + _d("executor")),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDRESS",
                                               help="Ray cluster to join: auto or HOST:PORT"
-                                                   + _dflt("a local Ray cluster on this machine")),
+                                                   + dflt("a local Ray cluster on this machine")),
     ray_hardware: Optional[str] = typer.Option(None, "--ray-hardware", metavar="ID",
                                                help="measure on the Ray nodes of this hardware id"
-                                                    + _dflt("the class of most nodes")),
+                                                    + dflt("the class of most nodes")),
     lease: Optional[float] = typer.Option(None, "--lease", metavar="SECONDS",
                                           help="life of an evaluation's lease in the store (renewed while "
                                                "it runs; a dead run's leases expire after it)" + _d("lease_s")),
@@ -393,38 +387,29 @@ def run_cmd(
     """Run the swarm on a set of problems until the budget (evaluations or time) is spent.
 
     Ctrl-C stops it (exit code 130); the run stays resumable with --resume RUN_ID."""
-    from swarmfactory.config import ConfigError, RunConfig, parse_duration
+    overrides = {"problems": problems, "budget": budget, "time_s": time_budget,
+                 "agents": agents, "parallel": parallel, "rounds": rounds, "objective": objective,
+                 "compile_baselines": compile_baselines, "seed": seed, "llm": llm or None,
+                 "llm_model": llm_model, "llm_cost_cap": llm_cost_cap,
+                 "llm_concurrency": llm_concurrency, "llm_timeout_s": llm_timeout,
+                 "llm_max_tokens": llm_max_tokens, "executor": executor or ("ray" if ray_address else None),
+                 "ray_address": ray_address, "ray_hardware": ray_hardware, "lease_s": lease}
+    cfg = _run_config(overrides, config, resume)
+    _execute_run(cfg, resume, store, as_json, wide)
 
-    try:
-        overrides = {"problems": problems, "budget": budget, "time_s": parse_duration(time_budget),
-                     "agents": agents, "parallel": parallel, "rounds": rounds, "objective": objective,
-                     "compile_baselines": compile_baselines, "seed": seed, "llm": llm or None,
-                     "llm_model": llm_model, "llm_cost_cap": llm_cost_cap,
-                     "llm_concurrency": llm_concurrency, "llm_timeout_s": llm_timeout,
-                     "llm_max_tokens": llm_max_tokens, "executor": executor or ("ray" if ray_address else None), "ray_address": ray_address,
-                     "ray_hardware": ray_hardware, "lease_s": lease}
-        if config:
-            cfg = RunConfig.from_yaml(config, **overrides)
-        else:
-            cfg = RunConfig.build(**{k: v for k, v in overrides.items() if v is not None})
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
-    if resume:
-        _only_limits_with_resume(resume, overrides, config)
-    elif cfg.budget is None and cfg.time_s is None:
-        fail("give a budget: --budget N evaluations and/or --time 10m")
-    else:
-        from swarmfactory.problems import resolve_problems
 
-        resolve_problems(",".join(cfg.problems))  # an unknown problem: one line before the store is touched
+def _execute_run(cfg, resume: Optional[str], store: Optional[str], as_json: bool, wide: bool) -> None:
+    """Open the store, run (or resume) the swarm and print what it produced; a run that cannot
+    start leaves no store behind, one that stops says how to resume it."""
     from swarmfactory.api import prepare_run
+    from swarmfactory.config import ConfigError
     from swarmfactory.evidence.store import StoreWriteError
     from swarmfactory.redact import redact
     from swarmfactory.swarm.coordinator import RunError
     from swarmfactory.swarm.summary import summarize
     from swarmfactory.ui import RichProgress
 
-    st = _open_store(store, create=not resume, write=True)
+    st = open_store(store, create=not resume, write=True)
     try:
         coord = prepare_run(store=st, config=cfg, resume=resume, progress=None if as_json else RichProgress(err))
     except BaseException as exc:
@@ -463,7 +448,7 @@ def run_cmd(
 @app.command("show")
 def show_cmd(
     run_id: Optional[str] = typer.Argument(None, metavar="RUN_ID", help="a run id (default: the latest run)"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    store: Optional[str] = store_option(READ_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     debug: bool = _debug_option(),
@@ -471,7 +456,7 @@ def show_cmd(
     """Champions, speedups with CI, outcome counts and the agent scoreboard of a run."""
     from swarmfactory.swarm.summary import summarize
 
-    st = _open_store(store, create=False)
+    st = open_store(store, create=False)
     with st.consistent():  # one snapshot while runs write
         summary = summarize(st, run_id)
     if as_json:
@@ -501,7 +486,7 @@ def report_cmd(
     run_id: Optional[str] = typer.Argument(None, metavar="RUN_ID", help="a run id (default: the latest run)"),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE.html",
                                 help="where to write the report"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    store: Optional[str] = store_option(READ_STORE_HELP),
     debug: bool = _debug_option(),
 ):
     """Write one self-contained HTML report of a run."""
@@ -514,7 +499,7 @@ def report_cmd(
              "choose another -o")
     from swarmfactory.report.html import ReportWriteError, write_report
 
-    st = _open_store(store, create=False)
+    st = open_store(store, create=False)
     try:
         with st.consistent():  # one snapshot while runs write
             path = write_report(st, run_id, output)
@@ -525,7 +510,7 @@ def report_cmd(
 
 @app.command("dashboard")
 def dashboard_cmd(
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    store: Optional[str] = store_option(READ_STORE_HELP),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
                              help="address to listen on (anything but loopback is reachable by others)"),
     port: int = typer.Option(8050, "--port", metavar="N", help="TCP port (0: any free one)"),
@@ -537,7 +522,7 @@ def dashboard_cmd(
         fail(f"--port {port} is not a TCP port (0-65535)")
     from swarmfactory.dashboard import serve
 
-    st = _open_store(store, create=False)
+    st = open_store(store, create=False)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host}: anyone who can reach it can read this store (no login)",
                   markup=False, highlight=False)
@@ -551,8 +536,7 @@ def dashboard_cmd(
 @app.command("cases")
 def cases_cmd(
     problem: str = typer.Argument(..., metavar="PROBLEM", help="problem name or path"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL",
-                                        help=f"{STORE_HELP}; without one, the seed cases only{_dflt(STORE_DEFAULT)}"),
+    store: Optional[str] = store_option(f"{STORE_HELP}; without one, the seed cases only{dflt(STORE_DEFAULT)}"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     debug: bool = _debug_option(),
 ):
@@ -563,17 +547,17 @@ def cases_cmd(
 
     prob = load_problem(problem)
     try:
-        st = _open_store(store, create=False)
+        st = open_store(store, create=False)
     except StoreError:
         if store or os.environ.get("SWARMFACTORY_STORE"):
             raise  # a store was named: a typo must not pass for an empty one
         st = None  # no default store yet: the bundled seed cases are the whole validation set
     cases, version = validation_set(prob, st)
-    found = {r["case_key"]: r for r in st.found_cases(prob.name)} if st else {}
+    found = {r.case_key: r for r in st.found_cases(prob.name)} if st else {}
     rows = [{"shape": dict(c.shape), "seed": c.seed, "dist": c.dist, "origin": c.origin,
-             "broke": found.get(c.key(), {}).get("broke_candidate"),
-             "note": found.get(c.key(), {}).get("note"),
-             "found_at": str(found[c.key()]["created_at"]) if c.key() in found else None} for c in cases]
+             "broke": f.broke_candidate if f else None, "note": f.note if f else None,
+             "found_at": str(f.created_at) if f else None}
+            for c in cases for f in [found.get(c.key())]]
     if as_json:
         print(json.dumps({"problem": prob.name, "validation_version": version, "cases": rows}))
         return
@@ -589,7 +573,7 @@ def cases_cmd(
 @app.command("verify")
 def verify_cmd(
     problem: str = typer.Option(..., "--problem", "-p", metavar="NAME|PATH", help="problem name or path"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    store: Optional[str] = store_option(READ_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     debug: bool = _debug_option(),
 ):
@@ -597,7 +581,7 @@ def verify_cmd(
     from swarmfactory.problems import load_problem
 
     prob = load_problem(problem)
-    st = _open_store(store, create=False, write=True)  # failures and title changes are recorded
+    st = open_store(store, create=False, write=True)  # failures and title changes are recorded
     _announce(st)
     from swarmfactory.api import reverify_retained
 
@@ -622,13 +606,13 @@ def verify_cmd(
 def lessons_cmd(
     problem: Optional[str] = typer.Option(None, "--problem", "-p", metavar="NAME", help="only this problem's lessons"),
     show_all: bool = typer.Option(False, "--all", help="retired lessons too, with why"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=READ_STORE_HELP),
+    store: Optional[str] = store_option(READ_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     wide: bool = typer.Option(False, "--wide", help="every column (method, matched pairs, run, since), at full width"),
     debug: bool = _debug_option(),
 ):
     """What the evidence taught: knob lessons with effect, 95% CI and support (active by default)."""
-    st = _open_store(store, create=False)
+    st = open_store(store, create=False)
     if problem is not None:
         problem = _known_problem(problem, st)
     rows = st.current_lessons(problem, include_retired=show_all)
@@ -636,7 +620,7 @@ def lessons_cmd(
         print(json.dumps({"store": st.shown, "lessons": [_lesson_json(r) for r in rows]}, default=str))
         return
     if not rows:
-        others = sorted({r["problem"] for r in st.current_lessons(include_retired=show_all) if r["problem"]})
+        others = sorted({r.problem for r in st.current_lessons(include_retired=show_all) if r.problem})
         what = f"{'' if show_all else 'active '}lessons" + (f" for {problem}" if problem else "")
         hint = (f" (there are some for: {', '.join(others)})" if problem and others else
                 "; the analyst writes them during `swarmfactory run`")
@@ -646,10 +630,10 @@ def lessons_cmd(
 
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["problem"] or "-", r["hardware_id"]), []).append(r)
+        groups.setdefault((r.problem or "-", r.hardware_id), []).append(r)
     for k, ((name, _hw), group) in enumerate(groups.items()):
-        d0 = group[0]["data"]
-        active = sum(r["status"] == "active" for r in group)
+        d0 = group[0].data
+        active = sum(r.status == "active" for r in group)
         title = (f"{name} on {_hardware_text(d0.get('hardware') or {})}: {active} active"
                  + (f", {len(group) - active} retired" if len(group) > active else ""))
         t = compact_table(title)
@@ -663,21 +647,21 @@ def lessons_cmd(
         if show_all:
             t.add_column("status", no_wrap=True)
         for r in group:
-            d = r["data"]
+            d = r.data
             row = [d.get("knob", "?"), str(d.get("better")), str(d.get("worse")),
                    speedup_ci(d.get("effect"), d.get("ci_low"), d.get("ci_high")), str(d.get("evaluations", "")),
                    _scope_text(d)]
             if wide:
-                row += [d.get("method", ""), str(d.get("pairs", "")), str(r["created_at"])[:16], r["run_id"] or ""]
+                row += [d.get("method", ""), str(d.get("pairs", "")), str(r.created_at)[:16], r.run_id or ""]
             if show_all:
-                row.append("active" if r["status"] == "active" else "[red]retired[/]")
+                row.append("active" if r.status == "active" else "[red]retired[/]")
             t.add_row(*row)
         if k:
             out.line()
         _print_table(t, wide)
         for r in group:
-            if r["status"] != "active":
-                d = r["data"]
+            if r.status != "active":
+                d = r.data
                 out.print(f"  retired {d.get('knob')}={d.get('better')} > {d.get('worse')} ({_scope_text(d)}): "
                           f"{d.get('why', '')}", markup=False, highlight=False)
     out.print("effect: geometric-mean speedup of better over worse; the rule: docs/agents.md", markup=False,
@@ -689,8 +673,8 @@ def _known_problem(name: str, st) -> str:
     of; anything else is a usage error naming the known ones."""
     from swarmfactory.problems import ProblemError, list_problems, load_problem
 
-    in_store = sorted(set(st.evaluated_problems()) | {r["problem"] for r in st.current_lessons(include_retired=True)
-                                                      if r["problem"]})
+    in_store = sorted(set(st.evaluated_problems()) | {r.problem for r in st.current_lessons(include_retired=True)
+                                                      if r.problem})
     if name in in_store:
         return name
     try:
@@ -714,76 +698,25 @@ def _scope_text(d: dict) -> str:
     return ", ".join("x".join(str(v) for v in s.values()) for s in f.get("shapes", [])) or "some"
 
 
-def _lesson_json(r: dict) -> dict:
-    d = r["data"] or {}
-    hist = [{"id": h["id"], "status": (h["data"] or {}).get("status", "active"), "why": (h["data"] or {}).get("why"),
-             "text": h["text"], "run_id": h["run_id"], "created_at": str(h["created_at"])} for h in r["history"]]
-    return {"id": r["id"], "key": r["key"], "problem": r["problem"], "hardware_id": r["hardware_id"],
-            "status": r["status"], "text": r["text"], "run_id": r["run_id"], "created_at": str(r["created_at"]),
+def _lesson_json(r) -> dict:
+    """A lesson (``Store.current_lessons``) as ``lessons --json`` prints it."""
+    d = r.data or {}
+    hist = [{"id": h.id, "status": h.status, "why": (h.data or {}).get("why"),
+             "text": h.text, "run_id": h.run_id, "created_at": str(h.created_at)} for h in r.history]
+    return {"id": r.id, "key": r.key, "problem": r.problem, "hardware_id": r.hardware_id,
+            "status": r.status, "text": r.text, "run_id": r.run_id, "created_at": str(r.created_at),
             **{k: v for k, v in d.items() if k not in ("key", "status")}, "history": hist}
 
 
 def _command() -> TyperGroup:
     cmd = typer.main.get_command(app)
-    cmd.add_command(_LazyGroup("engine", "swarmfactory.engine.cli:app", ENGINE_HELP), "engine")
+    cmd.add_command(_LazyGroup("engine", "swarmfactory.engine_cli:app", ENGINE_HELP), "engine")
     return cmd
-
-
-def _user_errors() -> tuple:
-    """Error types that mean bad input: one line, exit 2. Looked up only in modules already
-    imported (an error of a module that never loaded cannot have been raised)."""
-    names = {"swarmfactory.problems": "ProblemError", "swarmfactory.evidence.store": "StoreError",
-             "swarmfactory.config": "ConfigError"}
-    return (UsageError, *(getattr(sys.modules[m], n) for m, n in names.items() if m in sys.modules))
-
-
-def _say(text: str) -> None:
-    """An error line on stderr: its first line (an exception's text may go on to quote a whole SQL
-    statement), without passwords."""
-    from swarmfactory.redact import redact
-
-    lines = redact(text).strip().splitlines()
-    err.print(lines[0] if lines else text, markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     """The ``swarmfactory`` entry point: 0 on success, 2 for bad input, 130 on Ctrl-C."""
-    from swarmfactory.redact import install_log_redaction, redact
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in args or bool(os.environ.get("SWARMFACTORY_DEBUG"))
-    install_log_redaction()  # warnings of any module: on stderr, without passwords
-    try:
-        rc = _command().main(args=args, prog_name="swarmfactory", standalone_mode=False)
-    except _ClickException as exc:  # usage errors: bad option, missing argument, bad value
-        if type(exc).__name__ == "NoArgsIsHelpError":
-            sys.exit(2)  # the help was printed
-        ctx = getattr(exc, "ctx", None)
-        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-        _say(f"error: {exc.format_message()}{hint}")
-        sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("interrupted", highlight=False)
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (| head): nothing left to say
-        sys.exit(1)
-    except Exception as exc:
-        if isinstance(exc, _user_errors()) and not debug:
-            _say(f"error: {exc}")
-            sys.exit(2)
-        if debug:
-            import traceback
-
-            sys.stderr.write(redact(traceback.format_exc()))
-            sys.exit(1)
-        inner = getattr(exc, "orig", None) or exc  # a driver's error: its own words, not SQLAlchemy's wrapper
-        first = (str(inner).strip().splitlines() or [""])[0]
-        _say(f"error: {type(inner).__name__}: {first} (run with --debug for the traceback)")
-        sys.exit(1)
-    # With standalone_mode=False, click returns an Exit's code (typer.Exit(2) from a command,
-    # 130 for a Ctrl-C it caught) instead of exiting: pass it on.
-    sys.exit(rc if isinstance(rc, int) else 0)
+    run(_command(), "swarmfactory", argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A compact Llama-family inference engine for GGUF checkpoints (see docs/engine.md).
 
-The names below load on first use, so ``swarmfactory.engine.cli`` (and ``swarmfactory engine
+The names below load on first use, so ``swarmfactory.engine_cli`` (and ``swarmfactory engine
 --help``) start without importing torch.
 """
 

@@ -8,13 +8,15 @@ and key its results by them. Unknown keys are rejected with a message naming the
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarmfactory.config import ConfigError  # noqa: F401 (one error type for every bad config, re-exported)
+from swarmfactory.kernelref import KernelRef
 
 WeightFormat = Literal["fp32", "bf16", "q4_1"]
 
@@ -30,11 +32,8 @@ OPS = ("qkv", "o", "gate_up", "down", "lm_head")
 DEFAULT_DENSE_ABOVE = {"qkv": 8, "o": 8, "gate_up": 12, "down": 8, "lm_head": 3}
 DEFAULT_NATIVE_DECODE = 32
 
-# Kernel names with a prefix name a native shared object with the kernel factory's q4_1_matmul
-# ABI (engine/native_seam.py) instead of a registered kernel class.
-KERNEL_PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
-                   "champion": "champion:q4_1_matmul[@CANDIDATE] (the evidence store's champion for this "
-                               "hardware, or the candidate pinned, which must have passed the harness here)"}
+# Kernel names with a prefix (swarmfactory/kernelref.py) name a native shared object with the
+# kernel factory's q4_1_matmul ABI (engine/native_seam.py) instead of a registered kernel class.
 NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
 # The kernel factory's problem whose kernels run inside the native decoder (native_matvec).
 NATIVE_MATVEC_PROBLEM = "q4_1_packed_matvec"
@@ -44,14 +43,48 @@ def parse_native_matvec(spec: str) -> str | None:
     """The candidate id a ``native_matvec`` value pins (None: the champion); ValueError if it
     names nothing valid."""
     prefix = f"champion:{NATIVE_MATVEC_PROBLEM}"
-    head, at, pin = spec.partition("@")
-    if head != prefix or (at and not pin.strip()):
+    try:
+        ref = KernelRef.parse(spec)
+    except ValueError:
+        ref = None
+    if ref is None or ref.kind != "champion" or ref.target != NATIVE_MATVEC_PROBLEM:
         raise ValueError(f"native_matvec {spec!r}: expected {prefix!r} or '{prefix}@CANDIDATE_ID'")
-    return pin.strip() or None
+    return ref.pin
+
+
+
+@dataclass(frozen=True)
+class Knob:
+    """An ``engine tune`` design knob, declared on the EngineConfig field it sets
+    (``Annotated[type, Knob(...)]``). Nothing else declares it: the design space, its defaults, the
+    LLM's knob lines and the ``--set`` help are read from here (enginefactory/design.py
+    ``knob_table``), so a knob is added by declaring it on its field.
+
+    - ``values``: what a design may set, in order (``None``: the engine's own calibration).
+    - ``meaning``: what the knob does, as the LLM proposing designs is told.
+    - ``aspect``: the knob agent that moves it (``agents/knobs.py`` ``ASPECTS``).
+    - ``name``: the knob's name where it is not the field's.
+    - ``presets``: (knob value, field value) pairs where the knob names field values; any other
+      value is the field's value itself, except ``champion``: the kernel factory's champion, which
+      the design pins by candidate id (enginefactory/design.py ``build``). The field's default is
+      the default knob value.
+    """
+
+    values: tuple
+    meaning: str
+    aspect: str
+    name: str = ""
+    presets: tuple[tuple[Any, Any], ...] = ()
+
+
+# dense_above presets the `dense` knob names: calibrated (measured here), none, or the defaults moved
+DENSE_PRESETS = (("calibrated", None), ("none", {}),
+                 ("early", {op: max(1, v // 2) for op, v in DEFAULT_DENSE_ABOVE.items()}),
+                 ("late", {op: v * 4 for op, v in DEFAULT_DENSE_ABOVE.items()}))
 
 
 class EngineConfig(BaseModel):
-    """How to build an engine.
+    """How to build an engine. A field annotated with a ``Knob`` is a design knob of ``engine tune``.
 
     - ``model``: path to a GGUF file; ``None`` means the bundled SmolLM2-135M-Instruct.
     - ``weights``: fp32 (exact: matches the HF fp32 reference), bf16, or q4_1 (4-bit, group 32).
@@ -103,17 +136,44 @@ class EngineConfig(BaseModel):
 
     model: str | None = None
     weights: WeightFormat = "q4_1"
-    threads: int = Field(default=0, ge=0)
-    max_batch: int = Field(default=32, ge=1, le=1024)
+    threads: Annotated[int, Knob(
+        (0, 1), "torch intra-op threads; 0 = one per available core", "threading")] = Field(default=0, ge=0)
+    max_batch: Annotated[int, Knob(
+        (16, 32, 64, 128), "sequences decoded together (KV cache slots); further requests wait",
+        "blocking")] = Field(default=32, ge=1, le=1024)
     max_seq_len: int = Field(default=2048, ge=16)
-    prefill_chunk: int = Field(default=256, ge=16)
-    kernels: dict[str, str] = Field(default_factory=dict)
-    kv_dtype: Literal["fp32", "bf16", "int8"] = "fp32"
-    dense_above: dict[str, int] | None = None
-    native_decode: int | None = Field(default=None, ge=0)
-    native_prefill: int | None = Field(default=None, ge=0)
-    attention: Literal["padded", "exact"] = "padded"
-    native_matvec: str | None = None
+    prefill_chunk: Annotated[int, Knob(
+        (64, 128, 256, 512), "prompt tokens per engine step (chunked prefill: smaller chunks interleave long "
+        "prompts with the decode of other sequences)", "blocking")] = Field(default=256, ge=16)
+    kernels: Annotated[dict[str, str], Knob(
+        ("builtin", "champion"), "builtin = the engine's own kernels; champion = the Q4_1 ops run the kernel "
+        "factory's q4_1_matmul champion for this machine (native decoder off; offered only where a champion "
+        "exists)", "algorithm", presets=(("builtin", {}),))] = Field(default_factory=dict)
+    kv_dtype: Annotated[Literal["fp32", "bf16", "int8"], Knob(
+        ("fp32", "bf16", "int8"), "KV cache dtype; bf16 halves its memory, int8 (a scale per head and token) "
+        "quarters it, and the native decoder needs fp32", "algorithm")] = "fp32"
+    dense_above: Annotated[dict[str, int] | None, Knob(
+        tuple(v for v, _ in DENSE_PRESETS), "q4_1 weights: above how many rows an op uses a dense copy of its "
+        "weights (bf16 oneDNN, or fp32 sgemm where bf16 is not available) instead of torch's int4 kernel; "
+        "calibrated = measured on this machine, none = every call on the int4 kernel, early = half the default "
+        "thresholds, late = four times them", "algorithm", name="dense", presets=DENSE_PRESETS)] = None
+    native_decode: Annotated[int | None, Knob(
+        (None, 0, 8, 16, 32, 64), "q4_1 with an fp32 KV cache: engine steps with at most this many decode "
+        "sequences run the native C decoder (SIMD for this CPU) instead of torch; null = measured on this "
+        "machine at load, 0 = off", "algorithm")] = Field(default=None, ge=0)
+    native_prefill: Annotated[int | None, Knob(
+        (None, 0, 16, 64, 128), "prompt tokens per step the native decoder takes along with its decode rows (at "
+        "most prefill_chunk; a step with more runs on torch); null = measured, 0 = prompts on torch",
+        "algorithm")] = Field(default=None, ge=0)
+    attention: Annotated[Literal["padded", "exact"], Knob(
+        ("padded", "exact"), "torch decode attention: padded = one batched matmul over the longest context, "
+        "masked (fast, not batch invariant bitwise); exact = each sequence over its own context (batch "
+        "invariant, one small matmul per sequence); the native decoder is always exact", "algorithm")] = "padded"
+    native_matvec: Annotated[str | None, Knob(
+        ("builtin", "champion"), "builtin = the native decoder's own Q4_1 loop; champion = the kernel factory's "
+        "q4_1_packed_matvec champion for this machine compiled into the native decoder (only where the native "
+        "decoder runs; offered only where a champion exists)", "algorithm", name="matvec",
+        presets=(("builtin", None),))] = None
 
     @model_validator(mode="after")
     def _native_applies(self) -> "EngineConfig":
@@ -181,21 +241,15 @@ class EngineConfig(BaseModel):
 def _kernel_name_problem(op: str, name: str) -> str | None:
     """What is wrong with kernel name ``name`` for ``op`` as far as can be told without loading
     anything (a prefixed name's file or champion is looked up when the engine loads)."""
-    prefix, sep, rest = name.partition(":")
-    if not sep:
+    if ":" not in name:
         return None if name else f"empty kernel name for op {op!r}"
-    if prefix not in KERNEL_PREFIXES:
-        return (f"unknown kernel prefix {prefix + ':'!r} in {name!r} for op {op!r} "
-                f"(known: {', '.join(KERNEL_PREFIXES.values())})")
-    if not rest.strip():
-        return f"{name!r} for op {op!r} names nothing after {prefix + ':'!r} (expected {KERNEL_PREFIXES[prefix]})"
-    if prefix == "champion":
-        problem, at, pin = rest.partition("@")
-        if problem not in NATIVE_PROBLEMS:
-            return (f"{name!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear "
-                    f"ops (the engine calls that problem's C ABI)")
-        if at and not (pin and all(c in "0123456789abcdef" for c in pin)):
-            return f"{name!r} for op {op!r}: a pinned champion is @CANDIDATE_ID (hex), got {pin!r}"
+    try:
+        ref = KernelRef.parse(name, f" for op {op!r}")
+    except ValueError as e:
+        return str(e)
+    if ref.kind == "champion" and ref.target not in NATIVE_PROBLEMS:
+        return (f"{name!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear "
+                f"ops (the engine calls that problem's C ABI)")
     return None
 
 

@@ -15,6 +15,7 @@ from .native import NativeDecoder
 from .paths import plan
 from .sampler import sample
 from .scheduler import Scheduler
+from .supply import KernelSupply
 from .sequence import SamplingParams, Sequence, Status
 from .tokenizer import Tokenizer
 
@@ -43,10 +44,13 @@ class Engine:
     """A Llama-family GGUF model with a KV cache, a continuous-batching scheduler and a sampler.
 
     ``Engine(config).generate(prompts, max_tokens=...)`` for one-shot use; ``add_request`` and
-    ``step`` for serving. Not thread-safe: drive it from one thread.
+    ``step`` for serving. Not thread-safe: drive it from one thread. ``supply`` builds the
+    kernel-factory kernels the config names (``champion:...``) and hears of any caught wrong
+    while serving (``engine/supply.py``; ``champions.Corridor(store)``); without one, a config
+    naming a champion is refused at load.
     """
 
-    def __init__(self, config: EngineConfig | None = None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, *, supply: KernelSupply | None = None, **overrides):
         if config is None:
             config = EngineConfig.from_dict(overrides)
         elif overrides:
@@ -58,7 +62,7 @@ class Engine:
         gg = load_gguf(self.model_path)
         self.hparams = gg.hparams
         self.tokenizer = Tokenizer(gg.metadata)
-        self.model, lib, self.paths = plan(config, gg, self.model_path)
+        self.model, lib, self.paths = plan(config, gg, self.model_path, supply)
         self.max_seq_len = min(config.max_seq_len, gg.hparams.context_length)
         self.kv = self.model.new_cache(config.max_batch, self.max_seq_len)
         self.native = None

@@ -252,10 +252,14 @@ class Linear:
 
 
 def build_linear(weights: str, op: str, weight: Weight, act_dtype: torch.dtype, name: str | None,
-                 dense_above: int | None) -> Linear:
+                 dense_above: int | None, cls: type | None = None) -> Linear:
+    """The op's linear layer: ``cls`` if given (a shared object the config names, resolved by
+    the engine's plan), else the kernel registered as ``name`` (or the default)."""
     kname = name or default_kernel(weights, op, weight)
     try:
-        if ":" in kname:  # so:PATH, champion:PROBLEM
+        if cls is not None:
+            pass
+        elif ":" in kname:  # so:PATH; a champion needs the engine's supply (engine/paths.py resolves it)
             from .native_seam import resolve
 
             cls = resolve(kname)

@@ -53,9 +53,11 @@ class Layer:
 
 class Llama:
     """``dense_above``: op -> rows for the q4_1 ops that keep a dense copy (see EngineConfig);
-    the engine passes the configured or measured thresholds."""
+    the engine passes the configured or measured thresholds. ``classes``: op -> the kernel class
+    of each shared object the config names (``native_seam.resolve_all``)."""
 
-    def __init__(self, gg: GGUFModel, cfg: EngineConfig, dense_above: dict[str, int] | None = None):
+    def __init__(self, gg: GGUFModel, cfg: EngineConfig, dense_above: dict[str, int] | None = None,
+                 classes: dict | None = None):
         hp = gg.hparams
         self.hp = hp
         self.dtype = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
@@ -73,7 +75,7 @@ class Llama:
 
         def lin(op: str, *names: str) -> Linear:
             w = Weight([gg.tensor(n) for n in names])
-            return build_linear(cfg.weights, op, w, dt, kernels.get(op), dense_above.get(op))
+            return build_linear(cfg.weights, op, w, dt, kernels.get(op), dense_above.get(op), (classes or {}).get(op))
 
         def vec(name: str) -> torch.Tensor:
             return gg.tensor(name).dequantize().reshape(-1).to(dt)

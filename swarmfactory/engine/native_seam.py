@@ -3,17 +3,12 @@
 A config names one per op (``EngineConfig.kernels``):
 
 - ``so:PATH``: a shared object on disk that exports ``q4_1_matmul`` with the factory's ABI;
-- ``champion:q4_1_matmul``: the current champion of that problem for this hardware in the
-  evidence store (``$SWARMFACTORY_STORE``, else ``.swarmfactory/evidence.db``), built from its
-  source with the C backend exactly as the harness built it (same flags and checks, same
-  build cache), then loaded;
-- ``champion:q4_1_matmul@ID``: candidate ``ID`` (a prefix will do), pinned. It must have been
-  that problem's champion on this hardware (this version of the problem) and its latest
-  evaluation here must still be correct. Either way a champion is taken only if its
-  confirmation (its latest ``faster`` measurement holding the title, ``swarm/succession.py``)
-  was not measured on a busy machine. Engine designs name kernels this way, so a design's
-  identity (and its verification) covers the exact kernel; when the champion moves on, the
-  design that names the new one is another design, verified and measured afresh.
+- ``champion:q4_1_matmul``: the current champion of that problem for this hardware, and
+  ``champion:q4_1_matmul@ID``: candidate ``ID`` pinned. The engine's ``KernelSupply``
+  (``engine/supply.py``; the corridor ``swarmfactory/champions.py`` with its one rule on which
+  candidate may run here) hands it built, then it is loaded. Engine designs name kernels this
+  way, so a design's identity (and its verification) covers the exact kernel; when the champion
+  moves on, the design that names the new one is another design, verified and measured afresh.
 
 The ABI is the problem's (``problems/suites/cpu/q4_1_matmul.py``)::
 
@@ -34,7 +29,7 @@ while serving its calls are audited (``NativeLinear.audit``): the first call at 
 and a random ``AUDIT_SHARE`` of the others have ``AUDIT_ROWS`` random output rows recomputed
 from the dequantised weight. At the first mismatch the library is dropped for every op that runs
 it, the call is computed again by the op's built-in kernel (as are all later ones) and the
-finding goes to the evidence store (``engine/audit.py``).
+finding goes to the supply's ``on_wrong`` (``engine/audit.py``).
 Tests that must show a broken kernel caught elsewhere (the engine factory's end-to-end
 verifier) skip the checks and the audit with ``kernel_class(path, check=False)`` in their own
 process, or, for an engine loaded in a child process, ``SWARMFACTORY_TEST_UNCHECKED_KERNELS=1``
@@ -57,8 +52,11 @@ from typing import ClassVar
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from .config import KERNEL_PREFIXES, NATIVE_PROBLEMS
+from swarmfactory.kernelref import KernelRef
+
+from .config import NATIVE_PROBLEMS
 from .kernels import KernelError, LinearKernel, Weight
+from .supply import KernelSupply, NoSupply, UnavailableKernel
 
 PROBLEM = "q4_1_matmul"
 SYMBOL = "q4_1_matmul"
@@ -97,7 +95,7 @@ class Library:
     spec: str  # as the config names it ("so:..." or "champion:...")
     path: str  # the file loaded
     sha256: str
-    origin: str | None = None  # the file the user named (so:) or the store (champion:)
+    origin: str | None = None  # the file the user named (so:) or where the supply took it from (champion:)
     candidate: str | None = None  # champion: the candidate's id in the store
     speedup: float | None = None  # champion: its recorded speedup
     fn: object = field(default=None, repr=False, compare=False)  # the ctypes function
@@ -129,6 +127,7 @@ class NativeLinear(LinearKernel):
     library: ClassVar[Library]
     check: ClassVar[bool] = True
     audit_state: ClassVar[dict]  # per library: calls, audited, dropped (what was reported), rng
+    on_wrong: ClassVar[object]  # the supply's on_wrong (engine/supply.py)
 
     def __init__(self, weight: Weight, act_dtype: torch.dtype):
         if not weight.qtypes <= self.qtypes:
@@ -202,11 +201,9 @@ class NativeLinear(LinearKernel):
         """Drop the library (for every op on it) and report what a call of ``m`` rows did, once."""
         st = self.audit_state
         if st["dropped"] is None:
-            from .audit import report
-
             n, k = self.out_features, self.in_features
-            st["dropped"] = report(PROBLEM, self.library.candidate, {"n": n, "k": k, "batch": m},
-                                   f"n={n} k={k} batch={m}: {what}")
+            st["dropped"] = reported(self.on_wrong, PROBLEM, self.library.candidate, {"n": n, "k": k, "batch": m},
+                                     f"n={n} k={k} batch={m}: {what}")
         return False
 
     def fallback(self) -> LinearKernel:
@@ -253,7 +250,6 @@ class NativeLinear(LinearKernel):
 
 _LOADED: dict[str, Library] = {}  # sha256 of the file loaded -> library
 _FILES: dict[tuple, type[NativeLinear]] = {}  # (realpath, size, mtime_ns, check) -> class
-_CHAMPIONS: dict[tuple, type[NativeLinear]] = {}  # (spec, check) -> class, refreshed per engine load
 
 
 def _checks_on() -> bool:
@@ -286,10 +282,22 @@ def _load(path: Path, spec: str, sha: str, **info) -> Library:
     return lib
 
 
-def _class(lib: Library, check: bool, name: str | None = None) -> type[NativeLinear]:
+def _class(lib: Library, check: bool, name: str | None = None, on_wrong=None) -> type[NativeLinear]:
     state = {"calls": 0, "audited": 0, "dropped": None, "rng": random.Random(os.urandom(16))}
     return type(f"NativeLinear_{lib.sha256[:12]}", (NativeLinear,),
-                {"name": name or lib.spec, "library": lib, "check": check, "audit_state": state})
+                {"name": name or lib.spec, "library": lib, "check": check, "audit_state": state,
+                 "on_wrong": staticmethod(on_wrong or NoSupply().on_wrong)})
+
+
+def reported(on_wrong, problem: str, candidate: str | None, shape: dict, detail: str) -> str:
+    """What the engine says of a factory kernel it just dropped: the supply records a candidate's
+    finding (``on_wrong``); a user's ``so:`` file, which no store knows, is logged only."""
+    if candidate:
+        return on_wrong(problem, candidate, shape, detail)
+    msg = (f"{problem} kernel (not from the store) gave a wrong output while serving ({detail}); dropped, the "
+           "engine's own code runs instead")
+    log.error("%s", msg)
+    return msg
 
 
 def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> type[NativeLinear]:
@@ -322,155 +330,45 @@ def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: boo
     return _FILES[key]
 
 
-def pinned_problem(spec: str) -> tuple[str, str | None]:
-    """``champion:PROBLEM[@ID]`` -> (PROBLEM, ID or None)."""
-    problem, _, pin = spec.partition(":")[2].partition("@")
-    return problem, pin or None
-
-
-def passed_here(store, problem, cand_id: str) -> str | None:
-    """Why candidate ``cand_id`` may not run as a pinned champion on this hardware, or None: it
-    must have been a champion of ``problem`` (this version) here, its latest evaluation here
-    must still be correct (a case found later that breaks it retires the pin too), and its
-    confirmation (``swarm/succession.confirmation``) must not have been measured on a busy machine."""
-    from swarmfactory.swarm.succession import busy_refusal
-
-    history = [r for r in store.champion_history(problem.name) if r["problem_spec"] == problem.spec_hash()]
-    if not any(r["candidate_id"] == cand_id for r in history):
-        return (f"candidate {cand_id} was never a champion of {problem.name} (this version of the problem) "
-                "on this hardware")
-    evs = [e for e in store.evaluations(problem=problem.name, candidate_id=cand_id, this_hardware=True)
-           if e["problem_spec"] == problem.spec_hash()]
-    if not evs or evs[-1]["outcome"] not in ("faster", "not_faster", "verified"):
-        last = evs[-1]["outcome"] if evs else "no evaluation"
-        return f"candidate {cand_id} no longer passes the harness on this hardware (latest: {last})"
-    return busy_refusal(store, problem, cand_id)
-
-
-def _champion_class(spec: str, problem_name: str, check: bool, pin: str | None = None) -> type[NativeLinear]:
-    from swarmfactory.backends.base import BuildError, CheatError
-    from swarmfactory.backends.c import CBackend
-    from swarmfactory.evidence.store import Store, StoreError
-    from swarmfactory.harness.static import check_source
-    from swarmfactory.problems import load_problem
-    from swarmfactory.swarm.succession import busy_refusal
-
-    problem = load_problem(problem_name)
-    if problem.c_signature != SIGNATURE:
-        raise KernelError(f"{spec}: the problem's ABI is now {problem.c_signature}, the engine calls {SIGNATURE}")
+def champion_class(spec: str, supply: KernelSupply, check: bool) -> type[NativeLinear]:
+    """The kernel class of ``champion:q4_1_matmul[@ID]``, built by ``supply``; KernelError naming it."""
+    ref = KernelRef.parse(spec)
+    if ref.target not in NATIVE_PROBLEMS:
+        raise KernelError(f"{spec}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear ops")
     try:
-        store = Store(None, create=False)
-    except StoreError as e:
-        raise KernelError(f"{spec}: {e}") from None
+        built = supply.build(spec, SIGNATURE)
+    except UnavailableKernel as e:
+        raise KernelError(str(e)) from None
+    path = Path(built.path)
+    lib = _load(path, spec, _sha256(path), origin=built.origin, candidate=built.candidate, speedup=built.speedup)
+    return _class(lib, check, on_wrong=supply.on_wrong)
+
+
+def resolve(spec: str, supply: KernelSupply | None = None) -> type[NativeLinear]:
+    """The kernel class a prefixed kernel name (``so:PATH``, ``champion:PROBLEM[@ID]``) stands
+    for; a champion comes from ``supply`` (built afresh at each engine load, so a new champion is
+    picked up by the next engine)."""
     try:
-        where = store.shown
-        champ = store.champion(problem)
-        if pin:
-            exact = store.candidate(pin)
-            matches = [exact] if exact and exact["problem"] == problem.name else \
-                [c for c in store.candidates(problem.name) if c["id"].startswith(pin)]
-            if len(matches) != 1:
-                raise KernelError(f"{spec}: {'no' if not matches else 'more than one'} candidate {pin} of "
-                                  f"{problem_name} in {where}")
-            cand = matches[0]
-            why = passed_here(store, problem, cand["id"])
-            if why:
-                raise KernelError(f"{spec}: {why}; it is not run (an engine design naming it must be tuned again: "
-                                  "swarmfactory engine tune)")
-            speedup = champ.get("speedup") if champ and champ["candidate_id"] == cand["id"] else None
-        else:
-            cand = store.candidate(champ["candidate_id"]) if champ else None
-            speedup = champ.get("speedup") if champ else None
-            why = busy_refusal(store, problem, champ["candidate_id"]) if champ else None
-            if why:
-                raise KernelError(f"{spec}: {why}; it is not run")
-    finally:
-        store.engine.dispose()
-    if cand is None and champ is None:
-        raise KernelError(f"{spec}: no champion of {problem_name} for this hardware (and this version of the "
-                          f"problem) in {where}; run the kernel factory on it first "
-                          f"(`swarmfactory run --problems {problem_name}`)")
-    if cand is None:
-        raise KernelError(f"{spec}: champion {champ['candidate_id']} is missing from the candidates of {where}")
-    if cand["backend"] != "c":
-        raise KernelError(f"{spec}: champion {cand['id']} is built by backend {cand['backend']!r}; the engine "
-                          "loads C kernels only")
-    # as the harness built it (default flags, the ABI declared ahead, static checks): its cache entry
-    reason = check_source(cand["source"])
-    if reason:
-        raise KernelError(f"{spec}: champion {cand['id']} fails the static check: {reason}")
-    try:
-        art = CBackend().build(cand["source"], problem.name, prototype=problem.c_prototype, checks=True)
-    except (BuildError, CheatError) as e:
-        raise KernelError(f"{spec}: champion {cand['id']} did not build: {e}") from None
-    path = Path(art.path)
-    lib = _load(path, spec, _sha256(path), origin=where, candidate=cand["id"], speedup=speedup)
-    return _class(lib, check)
-
-
-def current_champion(problem_name: str = PROBLEM, store=None) -> str | None:
-    """The candidate id of ``problem_name``'s champion on this hardware that the engine may take,
-    or None (no store, no champion, or one confirmed on a busy machine: logged with why). What
-    ``engine tune``'s champion knobs pin."""
-    from swarmfactory.evidence.store import Store, StoreError
-    from swarmfactory.problems import load_problem
-    from swarmfactory.swarm.succession import busy_refusal
-
-    own = store is None
-    try:
-        store = store or Store(None, create=False)
-    except StoreError:
-        return None
-    try:
-        problem = load_problem(problem_name)
-        champ = store.champion(problem)
-        if champ is None:
-            return None
-        why = busy_refusal(store, problem, champ["candidate_id"])
-        if why:
-            log.warning("champion:%s not taken: %s", problem_name, why)
-            return None
-        return champ["candidate_id"]
-    finally:
-        if own:
-            store.engine.dispose()
-
-
-def resolve(spec: str, refresh: bool = False) -> type[NativeLinear]:
-    """The kernel class a prefixed kernel name (``so:PATH``, ``champion:PROBLEM``) stands for.
-
-    A champion is looked up once and kept until ``refresh`` (the engine refreshes at each load,
-    so a new champion is picked up by the next engine)."""
-    prefix, _, rest = spec.partition(":")
+        ref = KernelRef.parse(spec)
+    except ValueError as e:
+        raise KernelError(str(e)) from None
     check = _checks_on()
-    if prefix == "so":
-        return kernel_class(rest, check=check)
-    if prefix == "champion":
-        problem, pin = pinned_problem(spec)
-        if problem not in NATIVE_PROBLEMS:
-            raise KernelError(f"{spec}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear ops")
-        if refresh or (spec, check) not in _CHAMPIONS:
-            _CHAMPIONS[spec, check] = _champion_class(spec, problem, check, pin)
-        return _CHAMPIONS[spec, check]
-    raise KernelError(f"unknown kernel prefix {prefix + ':'!r} in {spec!r} "
-                      f"(known: {', '.join(KERNEL_PREFIXES.values())})")
+    if ref.kind == "so":
+        return kernel_class(ref.target, check=check)
+    return champion_class(spec, supply or NoSupply(), check)
 
 
-def is_native(name: str | None) -> bool:
-    return bool(name) and name.partition(":")[0] in KERNEL_PREFIXES and ":" in name
-
-
-def resolve_all(kernels: dict[str, str]) -> dict[str, type[NativeLinear]]:
+def resolve_all(kernels: dict[str, str], supply: KernelSupply | None = None) -> dict[str, type[NativeLinear]]:
     """Look up every prefixed kernel a config names, afresh: op -> kernel class. Errors name
     the op."""
     out: dict[str, type[NativeLinear]] = {}
     seen: dict[str, type[NativeLinear]] = {}
     for op, name in kernels.items():
-        if not is_native(name):
+        if not KernelRef.names_one(name):
             continue
         if name not in seen:
             try:
-                seen[name] = resolve(name, refresh=True)
+                seen[name] = resolve(name, supply)
             except KernelError as e:
                 raise KernelError(f"kernels.{op}: {e}") from None
         out[op] = seen[name]
@@ -480,8 +378,9 @@ def resolve_all(kernels: dict[str, str]) -> dict[str, type[NativeLinear]]:
     return out
 
 
-def describe_all(kernels: dict[str, str]) -> dict[str, dict]:
-    """``resolve_all`` as the engine reports it (paths): op -> where its library came from."""
+def describe(classes: dict[str, type[NativeLinear]]) -> dict[str, dict]:
+    """The kernels ``resolve_all`` gave, as the engine reports them (paths): op -> where its
+    library came from."""
     return {op: {**cls.library.describe(), "checked": cls.check,
                  "short": cls.library.short() + ("" if cls.check else " UNCHECKED")}
-            for op, cls in resolve_all(kernels).items()}
+            for op, cls in classes.items()}

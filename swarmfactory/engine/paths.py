@@ -22,7 +22,8 @@ from .config import DEFAULT_DENSE_ABOVE, OPS, EngineConfig
 from .kernels import Dense
 from .model import Llama
 from .native import NativeUnavailable, load_checked, matvec
-from .native_seam import describe_all
+from .native_seam import describe, resolve_all
+from .supply import KernelSupply, NoSupply
 
 log = logging.getLogger("swarmfactory.engine")
 
@@ -85,53 +86,23 @@ def _cpu_name() -> str:
     return f"{fp['model']} ({level})"
 
 
-def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None", Paths]:
+def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = None
+         ) -> tuple[Llama, "object | None", Paths]:
     """Build the torch model and decide every path: returns (model, native library or None,
-    paths). The native decoder itself is built by the engine once its KV cache exists."""
+    paths). The native decoder itself is built by the engine once its KV cache exists.
+    ``supply`` builds the kernel-factory kernels the config names (``engine/supply.py``)."""
     q4 = cfg.weights == "q4_1"
-    act = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
-    paths = Paths(cpu=_cpu_name(), mask=cpu_mask(), torch_cpu=torch.backends.cpu.get_cpu_capability(),
-                  dense=Dense.path(act) if cfg.weights != "fp32" else None, q4_kernel=None, native=None)
-    if paths.mask and ("AVX512" in paths.torch_cpu or (paths.mask == "portable" and paths.torch_cpu != "DEFAULT")):
-        log.warning("%s=%s masks swarmfactory's paths, but torch still dispatches %s kernels; set %s to "
-                    "emulate the machine fully", MASK_ENV, paths.mask, paths.torch_cpu,
-                    " ".join(f"{k}={v}" for k, v in torch_env_for_mask(paths.mask).items() if k != MASK_ENV))
-    if cfg.weights != "fp32" and not check("bf16_prepack").ok:
-        paths.fallbacks.append(fallback("bf16 oneDNN prepacked matmul", check("bf16_prepack").reason,
-                                        "fp32 sgemm on bf16-rounded weights"))
-    if q4:
-        if check("int4pack").ok:
-            paths.q4_kernel = "torch int4pack"
-        else:
-            paths.q4_kernel = f"dense ({paths.dense})"
-            paths.fallbacks.append(fallback("torch int4 kernel", check("int4pack").reason,
-                                            "dense copies of the dequantised weights"))
-        if cfg.kernels:
-            paths.q4_kernel += " (config names: " + ", ".join(f"{k}={v}" for k, v in cfg.kernels.items()) + ")"
-
+    paths = _torch_paths(cfg)
     # Shared objects the config names (so:PATH, champion:PROBLEM): looked up afresh at each load,
     # before the model is built (each weight is then checked as its op is built).
-    paths.native_kernels = describe_all(cfg.kernels)
-
-    lib = None
-    if cfg.native_applies():
-        try:
-            lib, isa, fbs = load_checked()
-            paths.native = isa.name
-            paths.fallbacks += fbs
-        except NativeUnavailable as e:
-            if cfg.native_decode or cfg.native_matvec:  # asked for explicitly
-                raise
-            paths.fallbacks.append(fallback("native decoder", str(e), "torch for every step"))
-        if lib is not None and cfg.native_matvec:  # the factory's kernel, for the path just checked
-            mv = matvec.resolve(cfg.native_matvec)
-            lib = matvec.load(mv, isa)
-            paths.native_matvec = mv.describe()
+    classes = resolve_all(cfg.kernels, supply)
+    paths.native_kernels = describe(classes)
+    lib = _native(cfg, paths, supply) if cfg.native_applies() else None
 
     threads = cfg.resolved_threads()
     need = q4 and (cfg.dense_above is None
                    or (lib is not None and (cfg.native_decode is None or cfg.native_prefill is None)))
-    cal = None
+    cal = key = None
     if need:
         key = cal_mod.cache_key(model_path, threads, paths.native if not paths.native_matvec
                                 else f"{paths.native}+{matvec.PROBLEM}:{paths.native_matvec['candidate']}")
@@ -140,19 +111,9 @@ def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None
     # uses stored ones (or the shipped defaults) and never measures, and its named kernels
     # always run (no dense copy), as with the native decoder.
     measure_now = need and cal is None and not cfg.kernels
-    if cfg.dense_above is not None:
-        dense_above = dict(cfg.dense_above)
-    elif cal is not None:
-        dense_above = dict(cal.dense_above)
-    elif cfg.kernels:
-        dense_above = {op: v for op, v in DEFAULT_DENSE_ABOVE.items() if op not in cfg.kernels}
-        paths.thresholds = "shipped defaults (the config names kernels)"
-    else:
-        dense_above = {}
-    if cfg.dense_above is None:
-        dense_above = {op: v for op, v in dense_above.items() if op not in cfg.kernels}
+    dense_above = _dense_above(cfg, cal, paths)
     # A calibration measures every op's dense copy; the final thresholds then drop the losers.
-    model = Llama(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None)
+    model = Llama(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None, classes)
     if measure_now:
         log.info("measuring this machine's thresholds (first load; cached afterwards)")
         cal = cal_mod.calibrate(gg, model, lib, threads, key)
@@ -179,3 +140,61 @@ def plan(cfg: EngineConfig, gg, model_path: Path) -> tuple[Llama, "object | None
         if not paths.native_decode:
             paths.native, paths.native_matvec, lib = None, None, None
     return model, lib, paths
+
+
+def _torch_paths(cfg: EngineConfig) -> Paths:
+    """The paths torch gives this config on this CPU, with the fallbacks it forces."""
+    act = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
+    paths = Paths(cpu=_cpu_name(), mask=cpu_mask(), torch_cpu=torch.backends.cpu.get_cpu_capability(),
+                  dense=Dense.path(act) if cfg.weights != "fp32" else None, q4_kernel=None, native=None)
+    if paths.mask and ("AVX512" in paths.torch_cpu or (paths.mask == "portable" and paths.torch_cpu != "DEFAULT")):
+        log.warning("%s=%s masks swarmfactory's paths, but torch still dispatches %s kernels; set %s to "
+                    "emulate the machine fully", MASK_ENV, paths.mask, paths.torch_cpu,
+                    " ".join(f"{k}={v}" for k, v in torch_env_for_mask(paths.mask).items() if k != MASK_ENV))
+    if cfg.weights != "fp32" and not check("bf16_prepack").ok:
+        paths.fallbacks.append(fallback("bf16 oneDNN prepacked matmul", check("bf16_prepack").reason,
+                                        "fp32 sgemm on bf16-rounded weights"))
+    if cfg.weights == "q4_1":
+        if check("int4pack").ok:
+            paths.q4_kernel = "torch int4pack"
+        else:
+            paths.q4_kernel = f"dense ({paths.dense})"
+            paths.fallbacks.append(fallback("torch int4 kernel", check("int4pack").reason,
+                                            "dense copies of the dequantised weights"))
+        if cfg.kernels:
+            paths.q4_kernel += " (config names: " + ", ".join(f"{k}={v}" for k, v in cfg.kernels.items()) + ")"
+    return paths
+
+
+def _native(cfg: EngineConfig, paths: Paths, supply: KernelSupply | None):
+    """The native decoder's library for this CPU (with the factory's matvec if the config names
+    one), or None where it cannot run and was not asked for explicitly (a fallback then)."""
+    try:
+        lib, isa, fbs = load_checked()
+    except NativeUnavailable as e:
+        if cfg.native_decode or cfg.native_matvec:  # asked for explicitly
+            raise
+        paths.fallbacks.append(fallback("native decoder", str(e), "torch for every step"))
+        return None
+    paths.native = isa.name
+    paths.fallbacks += fbs
+    if cfg.native_matvec:  # the factory's kernel, for the path just checked
+        mv = matvec.resolve(cfg.native_matvec, supply)
+        lib = matvec.load(mv, isa, (supply or NoSupply()).on_wrong)
+        paths.native_matvec = matvec.describe(mv)
+    return lib
+
+
+def _dense_above(cfg: EngineConfig, cal, paths: Paths) -> dict[str, int]:
+    """op -> rows above which a q4_1 op runs its dense copy: the config's, else the measured
+    ones, else (a config naming kernels) the shipped defaults; never for an op the config names."""
+    if cfg.dense_above is not None:
+        return dict(cfg.dense_above)
+    if cal is not None:
+        dense_above = dict(cal.dense_above)
+    elif cfg.kernels:
+        dense_above = dict(DEFAULT_DENSE_ABOVE)
+        paths.thresholds = "shipped defaults (the config names kernels)"
+    else:
+        dense_above = {}
+    return {op: v for op, v in dense_above.items() if op not in cfg.kernels}

@@ -1,6 +1,6 @@
 """One engine design in its own process: load, verify, then serve over HTTP.
 
-    python -m swarmfactory.enginefactory.worker --config DESIGN.yaml --reference REF.pt --port P
+    python -m swarmfactory.enginefactory.worker --config DESIGN.yaml --reference REF.pt --port P [--store-file F]
 
 Reports one JSON line per stage on stdout (``loaded``, ``verified``, ``serving``) and the
 failure of a stage as ``{"event": "failed", "stage": ..., "error": ...}``. A design that fails
@@ -15,6 +15,7 @@ import json
 import sys
 import time
 import traceback
+from pathlib import Path
 
 
 def emit(**kw) -> None:
@@ -29,13 +30,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--reference")
     ap.add_argument("--port", type=int)
+    ap.add_argument("--store-file", help="a file holding the URL of the evidence store the design's champion: "
+                                         "kernels come from (a URL may carry a password: never on a command line)")
     ap.add_argument("--verify-only", action="store_true")
     ap.add_argument("--serve-anyway", action="store_true",
                     help="serve even when verification failed (the tune's baseline only: what users run today)")
     args = ap.parse_args(argv)
     if args.make_reference:
-        from pathlib import Path
-
         from .verify import reference
 
         reference(Path(args.make_reference[0]), Path(args.make_reference[1]))
@@ -45,6 +46,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from swarmfactory.champions import Corridor
     from swarmfactory.engine import Engine, EngineConfig
 
     from .verify import verify
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
     try:
         cfg = EngineConfig.from_yaml(args.config)
         t0 = time.perf_counter()
-        engine = Engine(cfg)
+        store = Path(args.store_file).read_text().strip() if args.store_file else None
+        engine = Engine(cfg, supply=Corridor(store))
         emit(event="loaded", seconds=time.perf_counter() - t0, paths=engine.paths.summary(),
              threads=cfg.resolved_threads())
     except Exception as e:  # noqa: BLE001 - any failure to build is this design's verdict

@@ -69,7 +69,8 @@ def test_help_shows_defaults_debug_and_no_type_metavars():
 
 
 def test_help_defaults_are_the_config_defaults():
-    from swarmfactory.cli import DEFAULT_STORE, RUN_DEFAULTS
+    from swarmfactory.cli import RUN_DEFAULTS
+    from swarmfactory.commandline import DEFAULT_STORE
     from swarmfactory.config import RunConfig
     from swarmfactory.evidence.store import DEFAULT_PATH
 

@@ -59,7 +59,7 @@ class Server:
         env.pop("SWARMFACTORY_API_KEY", None)
         if api_key:
             env["SWARMFACTORY_API_KEY"] = api_key
-        cmd = [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "swarmfactory.engine_cli", "serve", "--port", str(self.port),
                "--threads", str(THREADS), *args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 180

@@ -70,7 +70,7 @@ def test_thresholds_apply_and_losing_dense_copies_are_dropped(model_path):
 
 def test_engine_calibrate_command_replaces_the_cached_thresholds(tmp_path):
     env_cache = str(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "swarmfactory.engine.cli", "calibrate", "--threads", str(THREADS),
+    r = subprocess.run([sys.executable, "-m", "swarmfactory.engine_cli", "calibrate", "--threads", str(THREADS),
                         "--budget-s", "3", "--json"], capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "SWARMFACTORY_CACHE": env_cache})
     assert r.returncode == 0, r.stderr

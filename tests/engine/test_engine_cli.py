@@ -1,4 +1,4 @@
-"""`python -m swarmfactory.engine.cli` (mounted as `swarmfactory engine`)."""
+"""`python -m swarmfactory.engine_cli` (mounted as `swarmfactory engine`)."""
 
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "swarmfactory.engine.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "swarmfactory.engine_cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from engine_support import THREADS, free_port
 
+from swarmfactory.champions import Corridor
 from swarmfactory.engine.config import ConfigError, EngineConfig
 from swarmfactory.hardware import cpu_mask
 from swarmfactory.enginefactory import design as D
@@ -37,12 +38,10 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
     rng = random.Random(0)
     keys = set()
     for _ in range(200):
-        k = D.make_invariant(D.random_knobs(rng), rng)
+        k = D.make_invariant({n: rng.choice(v) for n, v in D.KNOBS.items()}, rng)
         assert D.batch_invariant(k), k
         d = D.build(k, base, {"q4_1_matmul": "0123abcd", "q4_1_packed_matvec": "4567cdef"})  # every invariant design is a config the engine accepts
         keys.add(d.key)
-        m = D.mutate(k, rng, 2)
-        assert set(m) == set(D.KNOBS) and all(m[n] in D.KNOBS[n] for n in m)
     assert len(keys) > 20
     with pytest.raises(ConfigError, match="unknown design knob"):
         D.build({"warp_size": 32}, base)
@@ -77,11 +76,12 @@ def test_a_kernel_champion_is_pinned_so_a_new_champion_makes_a_new_design():
     assert off.config.native_matvec is None and off.knobs["matvec"] == "builtin"
     with pytest.raises(D.NoChampion, match="no q4_1_packed_matvec champion"):
         D.build({"matvec": "champion"}, base, {"q4_1_matmul": "aaaa1111"})
-    # keys added to EngineConfig later do not change the id of a design recorded before them
+    # a key hashes only the fields not at their default: keys added to EngineConfig later do not
+    # change the id of a design recorded before them
     import hashlib
 
-    legacy = {k: v for k, v in base.model_dump().items() if k not in D.LATER_KEYS}
-    assert D.design_key(base) == hashlib.sha256(("engine-design\n" + json.dumps(legacy, sort_keys=True))
+    changed = {k: v for k, v in base.model_dump().items() if v != EngineConfig().model_dump()[k]}
+    assert D.design_key(base) == hashlib.sha256(("engine-design\n" + json.dumps(changed, sort_keys=True))
                                                 .encode()).hexdigest()[:20]
     with pytest.raises(ConfigError, match="a pinned champion is @CANDIDATE_ID"):
         EngineConfig.from_dict({"kernels": {"o": "champion:q4_1_matmul@"}})
@@ -161,7 +161,7 @@ def _kernel_champion(store, source: str, outcome: str = "faster") -> str:
     """Record ``source`` as a q4_1_matmul candidate that passed the harness here, and make it the
     champion: what a kernel-factory run leaves in the store."""
     from swarmfactory.agents.base import candidate_record
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
 
     problem = load_problem("q4_1_matmul")
@@ -180,7 +180,7 @@ def test_a_design_whose_factory_kernel_is_wrong_only_at_an_unchecked_batch_is_wr
     was the engine's own loop, not the design."""
     from swarmfactory.engine import Engine
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
     from swarmfactory.agents.base import candidate_record
 
@@ -193,10 +193,9 @@ def test_a_design_whose_factory_kernel_is_wrong_only_at_an_unchecked_batch_is_wr
     cand = candidate_record(problem, src, agent="test", operator="template")
     eid = store.record_verdict(problem, cand, Verdict(Outcome.FASTER, "test", "measure", speedup=1.2), None, "test")
     store.set_champion(problem, cand["id"], eid, 1.2, None, "test champion")
-    store.engine.dispose()
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(db))
+    store.close()
     eng = Engine(EngineConfig(threads=THREADS, max_batch=8, max_seq_len=1024, native_decode=8, native_prefill=0,
-                              native_matvec=f"champion:q4_1_packed_matvec@{cand['id']}"))
+                              native_matvec=f"champion:q4_1_packed_matvec@{cand['id']}"), supply=Corridor(str(db)))
     check = verify(eng, ref)
     assert not check.ok and check.evidence["check"] == "kernel audit", check.detail
     assert f"q4_1_packed_matvec kernel {cand['id']} gave a wrong output while serving" in check.detail
@@ -207,14 +206,14 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
         reference, tmp_path, monkeypatch, model_path):
     from swarmfactory.engine import Engine
     from swarmfactory.enginefactory.profiles import all_profiles, choose
+    from swarmfactory.enginefactory import records
     from swarmfactory.enginefactory.tune import TuneConfig, Tuner
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
     from swarmfactory.problems import load_problem
 
     ref, _ = reference
     db = tmp_path / "e.db"
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(db))  # where the engine looks champions up
     store = Store(str(db))
     problem = load_problem("q4_1_matmul")
     # one batch row per tile (bb=1): every row is computed by the same code whatever the batch. (The
@@ -225,11 +224,11 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
     tuner = Tuner(cfg, store)
     assert tuner.champions == {"q4_1_matmul": first}  # no q4_1_packed_matvec champion: that knob stays builtin
     assert tuner.fixed["matvec"] == "builtin"
-    design = tuner._build({"kernels": "champion", "dense": "none", "attention": "exact"})
+    design = tuner.problem.build({"kernels": "champion", "dense": "none", "attention": "exact"})
     assert design.champion == first and set(design.config.kernels) == set(D.CHAMPION_OPS)
 
     # the engine runs the factory's library on every Q4_1 op and passes the end-to-end checks
-    eng = Engine(design.config)
+    eng = Engine(design.config, supply=Corridor(store))  # the factory's kernels, from the tune's store
     assert {op: k["candidate"] for op, k in eng.paths.native_kernels.items()} == {op: first for op in D.CHAMPION_OPS}
     check = verify(eng, ref)
     assert check.ok, check.detail
@@ -237,8 +236,8 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
 
     # the tune recorded it and made it the profile
     tuner.run_id = store.create_run({"kind": "engine-tune", **cfg.to_dict()})
-    eid = tuner._record(design, Verdict(Outcome.FASTER, "1.10x", "measure", speedup=1.1,
-                                        evidence={"fitness": 50.0, "serving": {}}), "knobs", "mutate", [])
+    verdict = Verdict(Outcome.FASTER, "1.10x", "measure", speedup=1.1, evidence={"fitness": 50.0, "serving": {}})
+    eid = records.record(store, tuner.problem, tuner.run_id, design, verdict, "knobs", "mutate", [])
     store.set_champion(tuner.problem, design.key, eid, 1.1, tuner.run_id, "test")
     prof, line = choose(store, model_path)
     assert prof is not None and prof.id == design.key and "note" not in line
@@ -266,7 +265,8 @@ def test_a_new_kernel_champion_is_tried_in_the_best_design_first(tmp_path, monke
     """No engine: the proposal step. With a q4_1_matmul champion in the store and no design on it
     yet, the next proposal is the best verified design with the champion's kernels (and then the
     tuner's own search); without a champion the knob stays builtin."""
-    from swarmfactory.enginefactory.tune import Entry, TuneConfig, Tuner
+    from swarmfactory.enginefactory.measure import Entry
+    from swarmfactory.enginefactory.tune import TuneConfig, Tuner
     from swarmfactory.evidence.store import Store
     from swarmfactory.problems import load_problem
 
@@ -277,8 +277,8 @@ def test_a_new_kernel_champion_is_tried_in_the_best_design_first(tmp_path, monke
     cid = _kernel_champion(store, load_problem("q4_1_matmul").render({"bb": 1}))
     tuner = Tuner(cfg, store)
     tuner.default = Entry(D.build({}, tuner.base), 1.0, 10.0)
-    best = tuner._build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 64})
-    tuner.entries = [Entry(best, 1.2, 12.0), Entry(tuner._build({"max_batch": 16}), 0.9, 9.0)]
+    best = tuner.problem.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 64})
+    tuner.entries = [Entry(best, 1.2, 12.0), Entry(tuner.problem.build({"max_batch": 16}), 0.9, 9.0)]
     design, agent, parents = tuner._propose()
     assert agent == "champion" and parents == [best.key] and design.champion == cid
     assert design.knobs["max_batch"] == 64 and D.batch_invariant(design.knobs)
@@ -292,18 +292,21 @@ def test_a_new_kernel_champion_is_tried_in_the_best_design_first(tmp_path, monke
 def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measured_in_full(reference, tmp_path):
     """A real design, verified and served, measured briefly (the first workload, one wave per level)
     against a champion whose short figure is far higher: screened out, with its figures."""
-    from swarmfactory.enginefactory.tune import Entry, TuneConfig, Tuner
+    from swarmfactory.enginefactory.measure import Entry
+    from swarmfactory.enginefactory.tune import TuneConfig, Tuner
     from swarmfactory.enginefactory.verify import reference_path
     from swarmfactory.evidence.store import Store
 
     _, cache = reference
     cfg = TuneConfig(workloads=((16, 8), (64, 8)), concurrency=(1, 3), fixed=(("threads", THREADS),))
     tuner = Tuner(cfg, Store(str(tmp_path / "e.db")))
-    tuner.reference = reference_path(tuner.model_path, cache / "engine-reference")
+    tuner.runner.reference = reference_path(tuner.model_path, cache / "engine-reference")
+    tuner.runner.workdir = tmp_path
     tuner.deadline = time.monotonic() + 600
-    design = tuner._build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16})
+    design = tuner.problem.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16})
     tuner.default = tuner.champion = Entry(D.build({}, tuner.base), 1.0, 1e6, screen=1e6)  # a far faster champion
-    verdict, srv = tuner._evaluate(design, tmp_path, "test")
+    result = tuner._evaluate(design, "test")
+    verdict, srv = result.verdict, result.served
     if verdict.outcome.value == "inconclusive":  # the short measurement was taken on a busy machine
         from swarmfactory.evidence.quality import busy
 
@@ -319,15 +322,16 @@ def test_a_design_far_below_the_champion_on_the_short_measurement_is_not_measure
     assert verdict.evidence["screen_fitness"] > 0 and "serving" not in verdict.evidence
 
     # a level that runs past its cap (SCREEN_CAP x the default design's time for it) is cut short
-    import swarmfactory.enginefactory.tune as T
+    import swarmfactory.enginefactory.screen as S
 
-    T.SCREEN_SLACK_S, slack = 0.0, T.SCREEN_SLACK_S
+    S.SCREEN_SLACK_S, slack = 0.0, S.SCREEN_SLACK_S
     try:
         tuner.default.screen_levels = {"16x8": [{"concurrency": 1, "duration_s": 0.0},
                                                 {"concurrency": 3, "duration_s": 1.0}]}
-        verdict, srv = tuner._evaluate(design, tmp_path, "test")
+        result = tuner._evaluate(design, "test")
+        verdict, srv = result.verdict, result.served
     finally:
-        T.SCREEN_SLACK_S = slack
+        S.SCREEN_SLACK_S = slack
     assert srv is None and verdict.evidence["screened_out"] and "screen_fitness" not in verdict.evidence
     assert verdict.detail.startswith("screened out: 16x8 c=1 took over 0 s on the short measurement"), verdict.detail
 
@@ -374,25 +378,25 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     out = _cli("engine", "tune", "--resume", run["id"], env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     after = _evaluations(db)
-    search = [e for e in after if e["purpose"] == "search"]
-    ids = [e["candidate_id"] for e in search]
+    search = [e for e in after if e.purpose == "search"]
+    ids = [e.candidate_id for e in search]
     assert len(ids) == len(set(ids)) == 2, "a design evaluated twice, or the budget not spent"
-    assert {e["id"] for e in before} <= {e["id"] for e in after}  # nothing recorded was lost
+    assert {e.id for e in before} <= {e.id for e in after}  # nothing recorded was lost
     for e in search:  # every verdict names its outcome; measured ones carry their serving figures
-        assert e["outcome"] in ("faster", "not_faster", "inconclusive", "wrong", "crashed", "timed_out",
+        assert e.outcome in ("faster", "not_faster", "inconclusive", "wrong", "crashed", "timed_out",
                                 "build_failed")
-        if e["outcome"] in ("faster", "not_faster"):
-            assert e["evidence"]["serving"]["16x8"][0]["output_tok_s"] > 0
-        if e["outcome"] == "wrong":
-            assert "diverged" in e["detail"] or "logit" in e["detail"]
-    assert Store(str(db), create=False).run(run["id"])["status"] == "finished"
+        if e.outcome in ("faster", "not_faster"):
+            assert e.evidence["serving"]["16x8"][0]["output_tok_s"] > 0
+        if e.outcome == "wrong":
+            assert "diverged" in e.detail or "logit" in e.detail
+    assert Store(str(db), create=False).run(run["id"]).status == "finished"
 
     from swarmfactory.enginefactory.profiles import all_profiles, choose
 
     profs = all_profiles(st)
-    verified = [e for e in after if e["outcome"] in ("faster", "not_faster")]
+    verified = [e for e in after if e.outcome in ("faster", "not_faster")]
     if not verified:
-        if any(e["outcome"] == "inconclusive" for e in after):
+        if any(e.outcome == "inconclusive" for e in after):
             pytest.skip("the machine was too busy to time any design: no profile (the tune said so)")
         pytest.fail("no design passed verification in the tiny tune: " + out.stderr[-2000:])
     assert len(profs) == 1

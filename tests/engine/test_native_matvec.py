@@ -40,7 +40,7 @@ def problem():
 
 def _record(store, problem, source: str, outcome: str | None = None) -> str:
     from swarmfactory.agents.base import candidate_record
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
 
     cand = candidate_record(problem, source, agent="test", operator="template")
     store.record_candidate(cand)
@@ -74,8 +74,10 @@ def store(problem, tmp_path_factory):
                                                         "_mm256_set1_ps((batch == 1 ? 1.000001f : 1.0f) * xd[b * nb + j])"),
                            "verified"),
     }
+    for name in ("default", "fused", "wrong", "variant"):  # a pin runs only what held the title here once
+        st.set_champion(problem, ids[name], None, 1.1, None, "test: held the title once")
     st.set_champion(problem, ids["champion"], None, 1.2, None, "test champion")
-    st.engine.dispose()
+    st.close()
     return str(path), ids
 
 
@@ -88,7 +90,9 @@ def use_store(store, monkeypatch):
 def _engine(**kw):
     from swarmfactory.engine import Engine
 
-    return Engine(EngineConfig(**{**OPTS, **kw}))
+    from swarmfactory.champions import Corridor
+
+    return Engine(EngineConfig(**{**OPTS, **kw}), supply=Corridor(None))  # the store $SWARMFACTORY_STORE names
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +180,9 @@ def test_a_pinned_candidate_needs_a_correct_evaluation_here(use_store, tmp_path,
 
     st = Store(str(tmp_path / "later.db"))  # it passed once; a case found later broke it
     cand = _record(st, problem, problem.render(), "faster")
+    st.set_champion(problem, cand, None, 1.1, None, "test champion")
     _record(st, problem, problem.render(), "wrong")
-    st.engine.dispose()
+    st.close()
     monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "later.db"))
     with pytest.raises(NativeUnavailable, match=rf"candidate {cand} no longer passes the harness on this hardware "
                                                 r"\(latest: wrong\)"):
@@ -193,7 +198,9 @@ def test_missing_store_champion_or_source_fail_clearly(tmp_path, monkeypatch, pr
     st = Store(str(tmp_path / "bad.db"))
     st.record_problem(problem)
     junk = _record(st, problem, "void q4_1_packed_matvec(int k) { (void)k; }\n", "verified")
-    st.engine.dispose()
+    st.set_champion(problem, junk, None, 1.1, None, "test: held the title once")
+    st.set_champion(problem, None, None, None, None, "test: dethroned")
+    st.close()
     monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "bad.db"))
     with pytest.raises(NativeUnavailable, match=rf"champion:{PROBLEM}: no champion of {PROBLEM} for this hardware"):
         _engine(native_matvec=f"champion:{PROBLEM}")
@@ -229,7 +236,7 @@ def test_a_kernel_wrong_only_at_an_unchecked_batch_is_caught_while_serving(tmp_p
     st.record_problem(problem)
     cand = _record(st, problem, problem.render().replace(*ONLY_AT_3), "faster")
     st.set_champion(problem, cand, None, 1.3, None, "test champion")
-    st.engine.dispose()
+    st.close()
     monkeypatch.setenv("SWARMFACTORY_STORE", str(db))
     eng = _engine(native_matvec=f"champion:{PROBLEM}@{cand}")
     lib = eng.native.lib
@@ -249,13 +256,13 @@ def test_a_kernel_wrong_only_at_an_unchecked_batch_is_caught_while_serving(tmp_p
     st = Store(str(db), create=False)
     try:
         cases = st.found_cases(PROBLEM)
-        assert [(c["shape"]["batch"], c["found_by"], c["broke_candidate"]) for c in cases] == \
+        assert [(c.shape["batch"], c.found_by, c.broke_candidate) for c in cases] == \
             [(3, "engine-audit", cand)]
         last = st.evaluations(problem=PROBLEM, candidate_id=cand, this_hardware=True)[-1]
-        assert last["outcome"] == "wrong" and last["purpose"] == "engine-audit" and "batch=3" in last["detail"]
+        assert last.outcome == "wrong" and last.purpose == "engine-audit" and "batch=3" in last.detail
         assert st.champion(problem) is None
     finally:
-        st.engine.dispose()
+        st.close()
     with pytest.raises(NativeUnavailable, match=rf"candidate {cand} no longer passes the harness on this hardware "
                                                 r"\(latest: wrong\)"):
         _engine(native_matvec=f"champion:{PROBLEM}@{cand}")
@@ -281,16 +288,16 @@ def test_the_audit_checks_every_call_leaves_its_inputs_and_the_memory_past_its_o
     from swarmfactory.backends.c import CBackend
     from swarmfactory.engine.kernels import Weight
     from swarmfactory.engine.native import linear, load_library, random_tensor
-    from swarmfactory.engine.native.matvec import Matvec
+    from swarmfactory.engine.supply import BuiltKernel, NoSupply
 
     src = _wrapped(problem, after)
     art = CBackend().build(src, PROBLEM, prototype=problem.c_prototype, checks=True)
-    mv = Matvec("test", "", src, "test", art.path, problem.tolerance.rtol, problem.tolerance.atol)
+    mv = BuiltKernel("test", PROBLEM, "", art.path, src, "test", problem.tolerance.rtol, problem.tolerance.atol)
     lib = load_library(runnable_paths()[0])
     weight = Weight([random_tensor(QT.Q4_1, 67, 288, seed=2)])
     for rows in (2, 3):
         x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
-        ext = External(lib, mv, __import__("ctypes").CDLL(art.path))
+        ext = External(lib, mv, __import__("ctypes").CDLL(art.path), NoSupply().on_wrong)
         # one thread: on two, the other thread's call may read the changed input first and its
         # wrong output be the finding recorded (caught all the same, but another message)
         assert torch.equal(linear(lib, weight, x, threads=1, ext=ext.ext), linear(lib, weight, x, threads=1))
@@ -307,18 +314,19 @@ def test_the_audit_catches_a_wrong_call_and_recomputes_it(problem):
     from swarmfactory.backends.c import CBackend
     from swarmfactory.engine.kernels import Weight
     from swarmfactory.engine.native import linear, load_library, random_tensor
-    from swarmfactory.engine.native.matvec import Matvec
+    from swarmfactory.engine.supply import BuiltKernel, NoSupply
 
     src = problem.render().replace(*ONLY_AT_3)
     art = CBackend().build(src, PROBLEM, prototype=problem.c_prototype, checks=True)
     kernel = __import__("ctypes").CDLL(art.path)
-    mv = Matvec("test", "only-at-3", src, "test", art.path, problem.tolerance.rtol, problem.tolerance.atol)
+    mv = BuiltKernel("test", PROBLEM, "only-at-3", art.path, src, "test", problem.tolerance.rtol,
+                     problem.tolerance.atol)
     lib = load_library(runnable_paths()[0])
     weight = Weight([random_tensor(QT.Q4_1, 67, 288, seed=1)])
     for rows, wrong in ((2, False), (3, True), (5, False)):
         x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
         ref = linear(lib, weight, x, threads=2)
-        ext = External(lib, mv, kernel)
+        ext = External(lib, mv, kernel, NoSupply().on_wrong)
         raw = ext.new_ext(audit=False)
         assert torch.equal(linear(lib, weight, x, threads=2, ext=ext.ext), ref)
         assert bool(ext.ext.bad) == wrong and ext.ext.calls >= 1

@@ -20,6 +20,7 @@ import torch
 
 from engine_support import PROMPTS, THREADS, Server, free_port, get_engine
 
+from swarmfactory.champions import Corridor
 from swarmfactory.engine.config import ConfigError, EngineConfig
 from swarmfactory.engine.kernels import KernelError, build_linear, register_kernel
 
@@ -222,14 +223,14 @@ def test_broken_library_can_be_plugged_unchecked_for_verifier_tests(libs, weight
 def test_unchecked_environment_for_engines_in_child_processes(libs, weight, monkeypatch):
     """An engine in a child process (the engine factory's worker) skips the check only under
     SWARMFACTORY_TEST_UNCHECKED_KERNELS=1, and its paths say so."""
-    from swarmfactory.engine.native_seam import describe_all, resolve
+    from swarmfactory.engine.native_seam import describe, resolve, resolve_all
 
     monkeypatch.setenv("SWARMFACTORY_TEST_UNCHECKED_KERNELS", "1")
-    desc = describe_all({"down": f"so:{libs['broken']}"})["down"]
+    desc = describe(resolve_all({"down": f"so:{libs['broken']}"}))["down"]
     assert desc["checked"] is False and desc["short"].endswith("UNCHECKED")
     build_linear("q4_1", "down", weight, torch.bfloat16, f"so:{libs['broken']}", None)  # no error
     monkeypatch.delenv("SWARMFACTORY_TEST_UNCHECKED_KERNELS")
-    assert describe_all({"down": f"so:{libs['good']}"})["down"]["checked"] is True
+    assert describe(resolve_all({"down": f"so:{libs['good']}"}))["down"]["checked"] is True
     with pytest.raises(KernelError, match="max abs error"):
         resolve(f"so:{libs['broken']}")(weight, torch.bfloat16)
 
@@ -265,13 +266,14 @@ def _store_with_champion(path, problem, source) -> str:
     """A store at ``path`` whose q4_1_matmul champion (this hardware) has ``source``."""
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.evidence.store import Store
+    from swarmfactory.outcome import Outcome, Verdict
 
     store = Store(str(path))
     store.record_problem(problem)
     cand = candidate_record(problem, source, agent="test", operator="template")
-    store.record_candidate(cand)
-    store.set_champion(problem, cand["id"], None, 1.5, None, "test champion")
-    store.engine.dispose()
+    eid = store.record_verdict(problem, cand, Verdict(Outcome.FASTER, "test", "measure"), None, "test")
+    store.set_champion(problem, cand["id"], eid, 1.5, None, "test champion")
+    store.close()
     return cand["id"]
 
 
@@ -282,7 +284,7 @@ class BackgroundServer(Server):
     def __init__(self, env: dict, *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "swarmfactory.engine.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "swarmfactory.engine_cli", "serve", "--port", str(self.port),
                "--threads", str(THREADS), *args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -307,7 +309,7 @@ def served(problem, libs, tmp_path_factory):
     path = tmp_path_factory.mktemp("served") / "evidence.db"
     cand = _store_with_champion(path, problem, libs["source"])
     env = {k: v for k, v in os.environ.items() if k != "SWARMFACTORY_API_KEY"}
-    s = BackgroundServer({**env, "SWARMFACTORY_STORE": str(path)}, "--max-batch", "2", "--max-seq-len", "128",
+    s = BackgroundServer(env, "--store", str(path), "--max-batch", "2", "--max-seq-len", "128",
                          "--kernel", "down=champion:q4_1_matmul", "--kernel", f"o=so:{libs['good']}")
     yield s, cand
     s.stop()
@@ -315,19 +317,19 @@ def served(problem, libs, tmp_path_factory):
 
 @pytest.fixture
 def champion_store(tmp_path, monkeypatch, problem, libs):
-    """A temporary store whose champion is the default template; SWARMFACTORY_STORE points at it."""
+    """A temporary store whose champion is the default template: (candidate id, the corridor to it)."""
     cand = _store_with_champion(tmp_path / "evidence.db", problem, libs["source"])
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "evidence.db"))
-    return cand
+    return cand, Corridor(str(tmp_path / "evidence.db"))
 
 
 def test_champion_resolves_builds_and_runs(champion_store, weight):
     from swarmfactory.engine.native_seam import resolve, resolve_all
 
-    lib = resolve_all({"down": "champion:q4_1_matmul", "o": "int4pack"})["down"].library
-    assert lib.candidate == champion_store and lib.speedup == 1.5 and lib.path.endswith(".so")
+    cand, supply = champion_store
+    lib = resolve_all({"down": "champion:q4_1_matmul", "o": "int4pack"}, supply)["down"].library
+    assert lib.candidate == cand and lib.speedup == 1.5 and lib.path.endswith(".so")
     x = torch.randn(2, weight.cols, generator=torch.Generator().manual_seed(3))
-    y = resolve("champion:q4_1_matmul")(weight, torch.float32)(x)  # checked on the real weight, then run
+    y = resolve("champion:q4_1_matmul", supply)(weight, torch.float32)(x)  # checked on the real weight, then run
     assert torch.allclose(y, x @ weight.dequantize().T, rtol=1e-4, atol=1e-4)
 
 
@@ -335,19 +337,16 @@ def test_champion_errors_name_the_op(tmp_path, monkeypatch, problem):
     from swarmfactory.engine.native_seam import resolve_all
     from swarmfactory.evidence.store import Store
 
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "none.db"))
     with pytest.raises(KernelError, match=r"kernels\.down: champion:q4_1_matmul: no evidence store at"):
-        resolve_all({"down": "champion:q4_1_matmul"})
-    Store(str(tmp_path / "empty.db")).engine.dispose()
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "empty.db"))
+        resolve_all({"down": "champion:q4_1_matmul"}, Corridor(str(tmp_path / "none.db")))
+    Store(str(tmp_path / "empty.db")).close()
     with pytest.raises(KernelError, match=r"kernels\.o: champion:q4_1_matmul: no champion of q4_1_matmul "
                                           r"for this hardware"):
-        resolve_all({"o": "champion:q4_1_matmul", "down": "dense"})
+        resolve_all({"o": "champion:q4_1_matmul", "down": "dense"}, Corridor(str(tmp_path / "empty.db")))
     cand = _store_with_champion(tmp_path / "bad.db", problem, "void q4_1_matmul(int k) { (void)k; }\n")
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "bad.db"))
     with pytest.raises(KernelError, match=rf"kernels\.gate_up: champion:q4_1_matmul: champion {cand} did not "
                                           r"build: compile error"):
-        resolve_all({"gate_up": "champion:q4_1_matmul"})
+        resolve_all({"gate_up": "champion:q4_1_matmul"}, Corridor(str(tmp_path / "bad.db")))
 
 
 def test_a_pinned_champion_runs_only_while_it_passes_here(tmp_path, monkeypatch, problem, libs, weight):
@@ -356,10 +355,10 @@ def test_a_pinned_champion_runs_only_while_it_passes_here(tmp_path, monkeypatch,
     from swarmfactory.agents.base import candidate_record
     from swarmfactory.engine.native_seam import resolve_all
     from swarmfactory.evidence.store import Store
-    from swarmfactory.harness.outcome import Outcome, Verdict
+    from swarmfactory.outcome import Outcome, Verdict
 
     store = Store(str(tmp_path / "e.db"))
-    monkeypatch.setenv("SWARMFACTORY_STORE", str(tmp_path / "e.db"))
+    supply = Corridor(store)
 
     def record(source, outcome, champion):
         cand = candidate_record(problem, source, agent="test", operator="template")
@@ -370,20 +369,20 @@ def test_a_pinned_champion_runs_only_while_it_passes_here(tmp_path, monkeypatch,
 
     first = record(libs["source"], "faster", True)
     second = record(problem.render({"rows": 4}), "faster", True)  # the champion moves on
-    lib = resolve_all({"down": f"champion:q4_1_matmul@{first[:10]}"})["down"].library
+    lib = resolve_all({"down": f"champion:q4_1_matmul@{first[:10]}"}, supply)["down"].library
     assert lib.candidate == first and lib.speedup is None  # the pinned one, no longer the champion
-    assert resolve_all({"down": "champion:q4_1_matmul"})["down"].library.candidate == second
+    assert resolve_all({"down": "champion:q4_1_matmul"}, supply)["down"].library.candidate == second
     never = record(problem.render({"rows": 1}), "not_faster", False)
     with pytest.raises(KernelError, match=rf"kernels\.o: champion:q4_1_matmul@{never}: candidate {never} was never "
                                           r"a champion of q4_1_matmul"):
-        resolve_all({"o": f"champion:q4_1_matmul@{never}"})
+        resolve_all({"o": f"champion:q4_1_matmul@{never}"}, supply)
     with pytest.raises(KernelError, match=r"no candidate 0000 of q4_1_matmul"):
-        resolve_all({"o": "champion:q4_1_matmul@0000"})
+        resolve_all({"o": "champion:q4_1_matmul@0000"}, supply)
     record(libs["source"], "wrong", False)  # a new case breaks the first
     with pytest.raises(KernelError, match=rf"candidate {first} no longer passes the harness on this hardware "
                                           r"\(latest: wrong\)"):
-        resolve_all({"o": f"champion:q4_1_matmul@{first}"})
-    store.engine.dispose()
+        resolve_all({"o": f"champion:q4_1_matmul@{first}"}, supply)
+    store.close()
 
 
 def test_engine_serve_runs_a_file_and_the_champion(libs, served):

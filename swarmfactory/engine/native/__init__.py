@@ -19,7 +19,7 @@ import torch
 from ..gguf_loader import GGUFModel
 from ..kernels import Weight
 from ..kv_cache import KVCache
-from ..native_layout import ROWS
+from swarmfactory.layouts import ROWS
 from .isa import BASE_FLAGS, PATHS, IsaPath, path_named, runnable_paths
 from .library import (PROBE_TOLERANCE, SYMBOL, NativeUnavailable, _Mat, linear, linear_error, load_checked,
                       load_library, pack, probe, random_tensor, reference_linear, source)

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..gguf_loader import QuantTensor
 from ..kernels import Weight
-from ..native_layout import pack_records
+from swarmfactory.layouts import pack_records
 from .isa import BASE_FLAGS, IsaPath, runnable_paths
 
 SYMBOL = "sf_decode"
@@ -177,7 +177,7 @@ def linear(lib, weight: Weight, x: torch.Tensor, threads: int = 1, ext: Ext | No
 
 
 def pack(weight: Weight) -> tuple[_Mat, torch.Tensor]:
-    """The weight in decode.c's layout (``native_layout.pack_records``, see its Mat comment):
+    """The weight in decode.c's layout (``layouts.pack_records``, see its Mat comment):
     groups of 8 rows interleaved by quads of 4 elements, one record per block of 32 columns with
     the rows' fp16 scales after the quants (Q4_1: 128 + 16 + 16 bytes; Q8_0, w + 128 stored
     unsigned: 256 + 16 bytes)."""

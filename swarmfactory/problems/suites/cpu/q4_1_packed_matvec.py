@@ -3,7 +3,7 @@
 What ``engine/native/decode.c`` runs for every Q4_1 matrix of a decode step (``matmul_groups``),
 with exactly its data: the weight W [n, k] packed by the engine's own ``pack_records`` (groups of
 8 rows, one 160-byte record per block of 32 columns, the last group padded with zero rows) and
-the activations quantised by a port of its ``quantize_row`` (``engine/native_layout.py``).
+the activations quantised by a port of its ``quantize_row`` (``layouts.py``).
 The template's default knobs are the decoder's current code, so the seed is the engine's loop;
 a candidate plugs back into the decoder with ``EngineConfig.native_matvec`` (engine/native/matvec.py).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmfactory.engine.native_layout import QK, REC_Q4_1, ROWS, pack_records, quantize_rows, unpack_q4_1
+from swarmfactory.layouts import QK, REC_Q4_1, ROWS, pack_records, quantize_rows, unpack_q4_1
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 from swarmfactory.problems.suites.cpu.q4_1_matmul import make_blocks

@@ -1,10 +1,13 @@
-"""`swarmfactory engine serve | generate | bench`."""
+"""`swarmfactory engine serve | generate | calibrate | bench` (and `tune`, `profiles`: tune_cli.py).
+
+A config that names kernel-factory kernels (``champion:...``) gets them through the corridor
+(``champions.Corridor``) from the store named by ``--store``: the engine itself never opens it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -12,23 +15,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from swarmfactory.commandline import STORE_DEFAULT, STORE_HELP, dflt, fail, run, store_option
+
 app = typer.Typer(help="Serve, run and benchmark the inference engine.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 err = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(msg: str, code: int = 2):
-    from rich.markup import escape
-
-    from swarmfactory.redact import redact
-
-    err.print(f"[red]error:[/red] {escape(redact(msg))}", highlight=False)
-    raise typer.Exit(code)
+ENGINE_STORE_HELP = STORE_HELP + " holding the profiles and the champion: kernels a config names" + dflt(STORE_DEFAULT)
 
 
 def _config(config_file: Optional[Path], model: Optional[str], weights: Optional[str], threads: Optional[int],
             max_batch: Optional[int], max_seq_len: Optional[int], kernel: list[str]):
-    from .config import ConfigError, EngineConfig
+    from swarmfactory.engine.config import ConfigError, EngineConfig
 
     data: dict = {}
     try:
@@ -47,22 +44,24 @@ def _config(config_file: Optional[Path], model: Optional[str], weights: Optional
             data["kernels"] = ks
         return EngineConfig.from_dict(data)
     except (ConfigError, OSError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
-def _engine(cfg, debug: bool = False):
-    from .engine import Engine
-    from .gguf_loader import ModelNotFound
-    from .kernels import KernelError
+def _engine(cfg, debug: bool = False, store: Optional[str] = None):
+    from swarmfactory.engine.engine import Engine
+    from swarmfactory.engine.gguf_loader import ModelNotFound
+    from swarmfactory.engine.kernels import KernelError
+
+    from swarmfactory.champions import Corridor
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         with err.status(f"loading model ({cfg.weights})"):
-            eng = Engine(cfg)
+            eng = Engine(cfg, supply=Corridor(store))
     except (ModelNotFound, KernelError, ValueError) as e:
         if debug:
             raise
-        _fail(str(e))
+        fail(str(e))
     err.print(f"loaded {eng.model_path.name} as {cfg.weights} in {eng.load_seconds:.1f}s "
               f"({cfg.resolved_threads()} threads, max batch {cfg.max_batch})", highlight=False)
     err.print(f"paths: {eng.paths.summary()}", highlight=False)
@@ -70,7 +69,7 @@ def _engine(cfg, debug: bool = False):
 
 
 def _default(field: str):
-    from .config import EngineConfig
+    from swarmfactory.engine.config import EngineConfig
 
     return EngineConfig.model_fields[field].default
 
@@ -92,9 +91,7 @@ def serve(
     profile: str = typer.Option("auto", help="tuned profile: auto (the best one that passed on this machine "
                                 "for this model, used when no other option sets the design), none, or a "
                                 "profile id from engine profiles"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL",
-                                        help="evidence store holding the profiles and champion: kernels (default: "
-                                             "$SWARMFACTORY_STORE, else .swarmfactory/evidence.db)"),
+    store: Optional[str] = store_option(ENGINE_STORE_HELP),
     api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY",
                                           help="require 'Authorization: Bearer KEY' on /v1/*"),
     debug: bool = typer.Option(False, help="show tracebacks"),
@@ -102,28 +99,26 @@ def serve(
     """Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
     _check_port(host, port)  # before the model loads (tens of seconds): a busy port is one line now
     cfg = None
-    if store:  # champion:PROBLEM kernels are looked up in the same store as the profiles
-        os.environ["SWARMFACTORY_STORE"] = store
     chosen = any(v is not None for v in (config, weights, threads, max_batch, max_seq_len)) or bool(kernel)
     if profile != "none" and not (profile == "auto" and chosen):
         if profile != "auto" and chosen:
-            _fail("--profile ID sets the whole design; drop --config, --weights, --threads, --max-batch, "
+            fail("--profile ID sets the whole design; drop --config, --weights, --threads, --max-batch, "
                   "--max-seq-len and --kernel, or use --profile none")
-        from swarmfactory.enginefactory.cli import profile_config
+        from swarmfactory.tune_cli import profile_config
 
         cfg, line = profile_config(profile, model, store)
         if line:
             err.print(line, highlight=False, markup=False)
     if cfg is None:
         cfg = _config(config, model, weights, threads, max_batch, max_seq_len, kernel)
-    eng = _engine(cfg, debug)
-    from .server import serve as run_server
+    eng = _engine(cfg, debug, store)
+    from swarmfactory.engine.server import serve as run_server
 
     err.print(f"serving on http://{host}:{port}" + (" (API key required)" if api_key else ""), highlight=False)
     try:
         run_server(eng, host=host, port=port, api_key=api_key)
     except OSError as e:
-        _fail(str(e), 1)
+        fail(str(e), 1)
 
 
 def _check_port(host: str, port: int) -> None:
@@ -134,18 +129,18 @@ def _check_port(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}: choose another --host")
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e}: choose another --host")
     family, _, _, _, addr = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(addr)
         except OSError as e:
-            _fail(f"cannot listen on {host}:{port}: {e.strerror or e}: choose another --port or --host")
+            fail(f"cannot listen on {host}:{port}: {e.strerror or e}: choose another --port or --host")
 
 
 def _register_factory():
-    from swarmfactory.enginefactory.cli import profiles_cmd, tune_cmd
+    from swarmfactory.tune_cli import profiles_cmd, tune_cmd
 
     app.command("tune")(tune_cmd)
     app.command("profiles")(profiles_cmd)
@@ -166,16 +161,17 @@ def generate(
     weights: Optional[str] = typer.Option(None, help=WEIGHTS_HELP),
     threads: Optional[int] = typer.Option(None),
     config: Optional[Path] = typer.Option(None, "--config", help="EngineConfig YAML file"),
+    store: Optional[str] = store_option(ENGINE_STORE_HELP),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
     """Generate one completion (greedy by default) and print it."""
     import time
 
-    from .engine import RequestError
+    from swarmfactory.engine.engine import RequestError
 
     cfg = _config(config, model, weights, threads, 1, None, [])
-    eng = _engine(cfg, debug)
+    eng = _engine(cfg, debug, store)
     text = prompt
     if chat and eng.tokenizer.has_chat_template:
         text = eng.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -183,7 +179,7 @@ def generate(
     try:
         out = eng.generate(text, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)[0]
     except (RequestError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     dt = time.perf_counter() - t0
     if json_out:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_tokens": out.prompt_tokens,
@@ -207,7 +203,7 @@ def calibrate(
     replace the cached ones; engine loads that leave those keys unset use them."""
     from dataclasses import asdict
 
-    from . import calibrate as cal_mod
+    from swarmfactory.engine import calibrate as cal_mod
 
     cfg = _config(None, model, "q4_1", threads, 1, None, [])
     try:
@@ -216,7 +212,7 @@ def calibrate(
     except (OSError, ValueError) as e:
         if debug:
             raise
-        _fail(str(e))
+        fail(str(e))
     if json_out:
         print(json.dumps({k: v for k, v in asdict(cal).items() if k != "cached"}))
         return
@@ -251,12 +247,12 @@ def bench(
         if not levels or min(levels) < 1:
             raise ValueError
     except ValueError:
-        _fail(f"--concurrency expects positive integers like 1,4,16, got {concurrency!r}")
+        fail(f"--concurrency expects positive integers like 1,4,16, got {concurrency!r}")
     try:
         httpx.get(url.rstrip("/") + "/v1/models", timeout=5,
                   headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     except httpx.HTTPError as e:
-        _fail(f"cannot reach {url}: {e}")
+        fail(f"cannot reach {url}: {e}")
 
     def progress(res):
         err.print(f"concurrency {res.concurrency}: {res.output_tok_s:.1f} tok/s, "
@@ -269,7 +265,7 @@ def bench(
     except Exception as e:  # a server that fails mid-benchmark: one line (tracebacks with --debug)
         if debug:
             raise
-        _fail(f"benchmark against {url} failed: {type(e).__name__}: {e}")
+        fail(f"benchmark against {url} failed: {type(e).__name__}: {e}")
     if json_out:
         print(json.dumps(result))
     else:
@@ -314,11 +310,8 @@ def print_table(result: dict, title: str | None = None):
               f"over {BUSY:.0%} is measured again, busy if it stays so", highlight=False)
 
 
-def main():
-    try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)
+def main(argv: list[str] | None = None) -> None:
+    run(typer.main.get_command(app), "swarmfactory engine", argv)
 
 
 if __name__ == "__main__":

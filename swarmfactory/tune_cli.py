@@ -1,42 +1,19 @@
-"""`swarmfactory engine tune | profiles` and the profile choice of `engine serve`."""
+"""`swarmfactory engine tune | profiles` and the profile choice of `engine serve` (mounted on
+`swarmfactory engine` by engine_cli.py)."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from swarmfactory.commandline import READ_STORE_HELP, WRITE_STORE_HELP, fail, open_store, store_option
+from swarmfactory.enginefactory.design import set_help
+
 err = Console(stderr=True, soft_wrap=True)
-DEFAULT_STORE = ".swarmfactory/evidence.db"
-STORE_HELP = f"evidence store: a SQLite file or a postgresql:// URL (default: $SWARMFACTORY_STORE, else {DEFAULT_STORE})"
-
-
-def _fail(msg: str, code: int = 2):
-    from rich.markup import escape
-
-    from swarmfactory.redact import redact
-
-    err.print(f"[red]error:[/red] {escape(redact(msg))}", highlight=False)
-    raise typer.Exit(code)
-
-
-def _store_arg(store: Optional[str]) -> Optional[str]:
-    return store or os.environ.get("SWARMFACTORY_STORE") or None
-
-
-def _open(store: Optional[str], create: bool, write: bool = False):
-    from swarmfactory.evidence.store import Store, StoreError
-
-    try:  # a store to write to must take a write now, before any work
-        return Store(_store_arg(store), create=create, write=create or write)
-    except StoreError as e:
-        _fail(str(e))
 
 
 class _Progress:
@@ -66,7 +43,7 @@ class _Progress:
 
 
 def _fixed(items: list[str]) -> tuple:
-    from .tune import TuneError
+    from swarmfactory.enginefactory.tune import TuneError
 
     out = []
     for item in items:
@@ -86,13 +63,13 @@ def _design_llm(spec: str, model: Optional[str]):
     from swarmfactory.config import RunConfig
     from swarmfactory.llm.client import LLMError
 
-    from .llm_designs import DesignLLM, client_for
+    from swarmfactory.enginefactory.llm_designs import DesignLLM, client_for
 
     defaults = RunConfig.model_fields
     try:
         return DesignLLM(client_for(spec, model, defaults["llm_timeout_s"].default, defaults["llm_cost_cap"].default))
     except LLMError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def tune_cmd(
@@ -106,9 +83,7 @@ def tune_cmd(
     model: Optional[str] = typer.Option(None, help="GGUF file (default: bundled SmolLM2-135M-Instruct)"),
     weights: str = typer.Option("q4_1", help="weight format of the designs: fp32, bf16 or q4_1"),
     seed: int = typer.Option(0, help="seed of the agents and prompts"),
-    set_: list[str] = typer.Option([], "--set", help="KNOB=VALUE fixed by the deployment, e.g. threads=1 "
-                                   "(repeatable; knobs: native_decode, native_prefill, dense, kv_dtype, "
-                                   "prefill_chunk, max_batch, threads, kernels=builtin|champion)"),
+    set_: list[str] = typer.Option([], "--set", help=set_help()),
     screen: float = typer.Option(0.10, min=0.0, max=0.9, help="screening: a design whose short first measurement "
                                  "(first workload, one wave per level) is more than this fraction under the "
                                  "champion's is not measured in full"),
@@ -118,14 +93,14 @@ def tune_cmd(
                                       help="LLM endpoint that proposes designs too: openai:MODEL | "
                                            "http://HOST:PORT/v1 --llm-model NAME (a paid one: $5 at most, as swarmfactory run)"),
     llm_model: Optional[str] = typer.Option(None, "--llm-model", metavar="NAME", help="model name for a URL endpoint"),
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=STORE_HELP),
+    store: Optional[str] = store_option(WRITE_STORE_HELP),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
     """Search engine designs on this machine: each is verified end to end, then measured over HTTP;
     the best is kept as this machine's profile for the model (engine serve uses it)."""
     from swarmfactory.config import parse_duration
 
-    from .tune import TuneConfig, TuneError, Tuner, parse_levels, parse_workloads
+    from swarmfactory.enginefactory.tune import TuneConfig, TuneError, Tuner, parse_levels, parse_workloads
 
     try:
         cfg = None if resume else TuneConfig(
@@ -133,20 +108,21 @@ def tune_cmd(
             prompts_per_stream=prompts_per_stream, time_s=parse_duration(time_), budget=budget, ttft_p99_s=ttft_p99,
             seed=seed, fixed=_fixed(set_), screen=None if no_screen else screen)
     except (TuneError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     designer = _design_llm(llm, llm_model) if llm else None
-    st = _open(store, create=not resume, write=True)
+    st = open_store(store, create=not resume, write=True)
     from swarmfactory import lifecycle
+    from swarmfactory.evidence.processes import ProcessLedger
 
-    lifecycle.watch(st)  # design servers a killed tune left on this store end; ours are recorded
+    lifecycle.watch(ProcessLedger(st))  # design servers a killed tune left on this store end; ours are recorded
     progress = _Progress()
     try:
         tuner = Tuner(cfg, st, resume=resume, progress=progress, log=lambda m: err.print(m, highlight=False,
                                                                                        markup=False), llm=designer)
     except TuneError as e:
-        _fail(str(e))
+        fail(str(e))
     if designer is not None:
-        from .llm_designs import serving_target
+        from swarmfactory.enginefactory.llm_designs import serving_target
 
         designer.target = serving_target(tuner.cfg)
     from swarmfactory.redact import redact
@@ -162,7 +138,12 @@ def tune_cmd(
     except TuneError as e:
         if debug:
             raise
-        _fail(str(e), 1)
+        fail(str(e), 1)
+    _print_result(tuner, run_id, st.shown, store_flag)
+
+
+def _print_result(tuner, run_id: str, shown: str, store_flag: str) -> None:
+    """What a tune run found, and the commands that show and serve it."""
     champ = tuner.champion
     d = tuner.default
     print(f"tune run {run_id}: {tuner.evaluated} designs evaluated on this machine")
@@ -176,23 +157,23 @@ def tune_cmd(
         print("best: the default design (no design beat it twice)")
     else:
         print(f"best: {champ.design.key[:12]} {champ.ratio:.2f}x the default: {champ.design.describe()}")
-    print(f"store: {st.shown}   details: swarmfactory show {run_id}{store_flag}   serve it: swarmfactory engine serve"
+    print(f"store: {shown}   details: swarmfactory show {run_id}{store_flag}   serve it: swarmfactory engine serve"
           + store_flag)
 
 
 def profiles_cmd(
-    store: Optional[str] = typer.Option(None, "--store", metavar="PATH|URL", help=STORE_HELP),
+    store: Optional[str] = store_option(READ_STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ):
     """What was tuned, where, when, with what result; which profile engine serve would pick here."""
     import json
 
-    from .profiles import all_profiles, current_tools
+    from swarmfactory.enginefactory.profiles import all_profiles, current_tools
 
-    st = _open(store, create=False)
+    st = open_store(store, create=False)
     profs = all_profiles(st)
     if as_json:
-        print(json.dumps([{k: (str(v) if k == "created_at" else v) for k, v in p.__dict__.items()} for p in profs]))
+        print(json.dumps([{k: (str(v) if k == "created_at" else v) for k, v in p.as_dict().items()} for p in profs]))
         return
     if not profs:
         print("no engine profiles in this store (make one: swarmfactory engine tune)")
@@ -217,37 +198,37 @@ def profile_config(profile: str, model: Optional[str], store: Optional[str]):
     the line to print; (None, line) keeps the calibrated defaults."""
     from swarmfactory.engine.config import EngineConfig
     from swarmfactory.engine.gguf_loader import ModelNotFound, resolve_model_path
-    from swarmfactory.evidence.store import Store, StoreError, store_url
+    from swarmfactory.evidence.store import Store, StoreError
 
-    from .profiles import choose, current_tools, find
+    from swarmfactory.enginefactory.profiles import choose, current_tools, find
 
     if profile == "none":
         return None, None
     try:
         model_path = resolve_model_path(model)
     except ModelNotFound as e:
-        _fail(str(e))
+        fail(str(e))
     try:
-        st = Store(_store_arg(store), create=False)
+        st = Store(store, create=False)
     except StoreError as e:
         if profile == "auto":
             return None, f"no evidence store ({e.args[0].split(':')[0]}): calibrated defaults"
-        _fail(str(e))
+        fail(str(e))
     if profile == "auto":
         prof, line = choose(st, model_path)
     else:
         try:
             prof = find(st, profile)
         except LookupError as e:
-            _fail(str(e))
-        from .verify import model_digest
+            fail(str(e))
+        from swarmfactory.enginefactory.verify import model_digest
 
         why = prof.mismatch(model_digest(model_path), st.hardware["id"], current_tools())
         note = None
         if why is None:
             why, note = prof.kernel_check(st)
         if why:
-            _fail(f"profile {prof.id[:12]} {why}: it has not passed on this machine with this model; "
+            fail(f"profile {prof.id[:12]} {why}: it has not passed on this machine with this model; "
                   "run swarmfactory engine tune here")
         line = f"profile {prof.id[:12]} (engine tune run {prof.run_id}): {prof.description}" + \
             (f" - note: {note}" if note else "")
