@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarmfactory.evidence.store import content_hash
-from swarmfactory.problems.spec import Problem
+from swarmfactory.outcome import MEASURED
+from swarmfactory.problems.space import SearchSpace
+from swarmfactory.problems.spec import Problem, knob_key  # noqa: F401 - knob_key re-exported for the agents
 
 
 def candidate_record(problem: Problem, source: str, agent: str, operator: str, *, backend: str = "c",
@@ -28,7 +30,10 @@ def candidate_record(problem: Problem, source: str, agent: str, operator: str, *
 
 @dataclass
 class Proposal:
-    source: str
+    """A setting an agent proposes: ``source`` is what the space renders it to (``SearchSpace.render``:
+    a kernel's source text, which ``candidate_id`` and ``record`` hash; an engine design)."""
+
+    source: Any
     agent: str
     operator: str
     knobs: dict[str, Any] | None = None
@@ -62,7 +67,8 @@ class Entry:
 
     @property
     def correct(self) -> bool:
-        return self.outcome in ("faster", "not_faster")
+        """Measured, ``faster`` or ``not_faster``: what ranks candidates by speed."""
+        return self.outcome in MEASURED
 
 
 PRIOR_FLOOR = 0.2  # share of every prior-shaped choice that stays uniform: a wrong lesson rules nothing out
@@ -75,9 +81,12 @@ class Board:
     ``lessons`` are one-line claims (most relevant first) for prompts; ``priors`` their effect on
     knob values (knob -> value -> relative weight, 1 neutral; ``knowledge.priors``); ``transfer``
     the evidence of other problems and machines as cost-model rows (``knowledge.costmodel.Row``). Without
-    priors ``pick`` and ``prefer`` draw exactly as a uniform choice would."""
+    priors ``pick`` and ``prefer`` draw exactly as a uniform choice would. ``problem`` is the space
+    searched (problems/space.py): a kernel ``Problem`` (the seed and LLM agents need one), or the
+    engine factory's designs (the knob, crossover, random-restart and model-guided agents need no more
+    than the protocol)."""
 
-    problem: Problem
+    problem: SearchSpace
     entries: list[Entry]
     champion: Entry | None
     lessons: list[str]
@@ -121,10 +130,6 @@ class Board:
         """The probability of taking ``a`` rather than ``b`` for ``knob`` (1/2 without priors)."""
         probs = self.weights(knob, [a, b]) if a != b else None
         return 0.5 if probs is None else probs[0]
-
-
-def knob_key(knobs: dict[str, Any] | None) -> str:
-    return "" if knobs is None else repr(sorted(knobs.items()))
 
 
 class Agent(ABC):

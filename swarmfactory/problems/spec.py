@@ -14,7 +14,9 @@ harness needs is declared here, so adding an op is adding one file. Contract:
   region (weight packing and the like); ``fn()`` computes the op the fastest way a user has today
   in PyTorch. ``fn`` may allocate its result; it returns a tensor, or a tuple of tensors in
   the order of the ``out`` args.
-* ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel.
+* ``template`` is Jinja2 C source; rendered with ``knob_defaults`` it is a correct kernel. Its
+  knobs make the problem a search space (space.py ``SearchSpace``: ``knobs``, ``knob_defaults``,
+  ``knob_aspects``, ``valid_knobs``, ``render``) that the knob agents search.
 * ``backend`` other than ``"c"`` (``triton``, ``cuda``, ``ptx``): the same args reach the kernel
   as torch tensors on the device and Python scalars (docs/gpu.md), so a candidate may be written
   in any of the three (``backends``; ``backend`` is what the template and the agents write); a
@@ -176,10 +178,11 @@ class Problem:
             return (self.backend, *(b for b in GPU_BACKENDS if b != self.backend))
         return (self.backend,)
 
-    def backend_of(self, candidate: Mapping[str, Any]) -> str:
-        """What a recorded candidate (a store row) is written in: its ``backend`` where this problem
-        takes it (CUDA or PTX for a Triton problem, from `eval`), else ``backend``."""
-        backend = candidate.get("backend")
+    def backend_of(self, candidate) -> str:
+        """What a recorded candidate (a store row, or a mapping with its ``backend``) is written
+        in: its ``backend`` where this problem takes it (CUDA or PTX for a Triton problem, from
+        `eval`), else ``backend``."""
+        backend = candidate.get("backend") if isinstance(candidate, Mapping) else candidate.backend
         return backend if backend in self.backends else self.backend
 
     @property
@@ -378,6 +381,11 @@ def with_specials(rng: np.random.Generator, a: np.ndarray, kinds: tuple[str, ...
 def log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     """A scalar parameter drawn over its realistic range, as fp32 (what the C ABI receives)."""
     return float(np.float32(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
+
+
+def knob_key(knobs: dict[str, Any] | None) -> str:
+    """One spelling of a knob setting: what dedupes proposals and keys the evidence per setting."""
+    return "" if knobs is None else repr(sorted(knobs.items()))
 
 
 def check_problem(problem: Problem) -> None:
