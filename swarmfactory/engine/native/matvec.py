@@ -87,7 +87,7 @@ class External:
         self.on_wrong = on_wrong
         self.fn = ctypes.cast(getattr(kernel, PROBLEM), ctypes.c_void_p).value
         self.ext = self.new_ext(audit)
-        self.reported: str | None = None  # what audit.report said, once the kernel was dropped
+        self.reported: str | None = None  # what on_wrong said, once the kernel was dropped
 
     def new_ext(self, audit: bool, share: int = AUDIT_SHARE) -> Ext:
         # the audit's tolerance: the kernel and the built-in loop are each within the problem's
