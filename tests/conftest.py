@@ -19,11 +19,18 @@ def _return_freed_memory() -> None:
         pass
 
 
+# Session harnesses: their baseline workers (150-450 MB each) are closed at the end of every test
+# file, so the suite holds those of one file at a time; the next file that asks starts its own.
+SESSION_HARNESSES: list = []
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     if nextitem is None or nextitem.path != item.path:  # a test file's fixtures are gone: trim once
         import gc
 
+        for h in SESSION_HARNESSES:
+            h.baselines.close()
         gc.collect()
         _return_freed_memory()
 
@@ -44,7 +51,9 @@ def harness():
     from swarmfactory.harness.evaluate import Harness, HarnessConfig
 
     h = Harness(HarnessConfig(rounds=8, compile_baselines=False, case_timeout_s=5.0))
+    SESSION_HARNESSES.append(h)
     yield h
+    SESSION_HARNESSES.remove(h)
     h.close()
 
 
