@@ -348,6 +348,9 @@ def _evaluations(db):
     return Store(str(db), create=False).evaluations()
 
 
+# slow (164 s): the tuner's logic is covered by test_tuner_replay.py; kill -9 of processes by test_lifecycle.
+# Seen once to store no profile after a resumed tiny tune with a measured design: under investigation.
+@pytest.mark.slow
 def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_applies(reference, tmp_path,
                                                                                        model_path, process_tree):
     _, cache = reference
