@@ -46,10 +46,6 @@ class KernelRef:
             raise ValueError(f"{spec!r}{where}: a pinned champion is @CANDIDATE_ID (hex), got {pin!r}")
         return cls("champion", problem, pin or None)
 
-    @classmethod
-    def champion(cls, problem: str, pin: str | None = None) -> "KernelRef":
-        return cls("champion", problem, pin)
-
     @property
     def spec(self) -> str:
         if self.kind == "so":

@@ -257,15 +257,11 @@ def build_linear(weights: str, op: str, weight: Weight, act_dtype: torch.dtype, 
     the engine's plan), else the kernel registered as ``name`` (or the default)."""
     kname = name or default_kernel(weights, op, weight)
     try:
-        if cls is not None:
-            pass
-        elif ":" in kname:  # so:PATH; a champion needs the engine's supply (engine/paths.py resolves it)
+        if cls is None and ":" in kname:  # so:PATH; a champion needs the engine's supply (engine/paths.py)
             from .native_seam import resolve
 
             cls = resolve(kname)
-        else:
-            cls = kernel_class(kname)
-        kernel = cls(weight, act_dtype)
+        kernel = (cls or kernel_class(kname))(weight, act_dtype)
     except KernelError as e:
         if name is None or str(e).startswith("kernels."):
             raise
