@@ -1,4 +1,5 @@
-"""A compact Llama-family inference engine for GGUF checkpoints (see docs/engine.md).
+"""A compact inference engine for decoder-only GGUF checkpoints (Llama, Qwen2, Qwen3, Gemma 3;
+see docs/engine.md).
 
 The names below load on first use, so ``swarmfactory.engine_cli`` (and ``swarmfactory engine
 --help``) start without importing torch.

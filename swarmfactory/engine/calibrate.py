@@ -34,7 +34,9 @@ from swarmfactory.hardware import cpu_fingerprint
 
 from .config import DEFAULT_DENSE_ABOVE, DEFAULT_NATIVE_DECODE, OPS
 from .kv_cache import KVCache
-from .model import Llama, PrefillChunk, StepInput
+from .models import build, model_class
+from .models.decoder import Decoder
+from .models.step import PrefillChunk, StepInput
 
 VERSION = 1
 BUDGET_S = 25.0
@@ -143,7 +145,7 @@ def _last_winning(points, wins) -> int | None:
     return best
 
 
-def measure_dense_above(model: Llama, deadline: float, timings: dict, incomplete: list) -> dict[str, int]:
+def measure_dense_above(model: Decoder, deadline: float, timings: dict, incomplete: list) -> dict[str, int]:
     """op -> rows above which the dense copy wins (ops where it never wins in ROWS are left out).
     Needs a model built with a dense copy for every op."""
     linears = {"qkv": model.layers[0].qkv, "o": model.layers[0].o, "gate_up": model.layers[0].gate_up,
@@ -187,7 +189,7 @@ def _prompt_step(n: int) -> StepInput:
                      prefills=[PrefillChunk(row=0, n=n, slot=0, start=0)], logit_rows=torch.tensor([n - 1]))
 
 
-def measure_native(gg, model: Llama, lib, threads: int, deadline: float, timings: dict,
+def measure_native(gg, model: Decoder, lib, threads: int, deadline: float, timings: dict,
                    incomplete: list) -> tuple[int, int]:
     """(native_decode, native_prefill) against the torch model as it is now configured."""
     from .native import NativeDecoder
@@ -232,7 +234,7 @@ def measure_native(gg, model: Llama, lib, threads: int, deadline: float, timings
     return results[0], results[1]
 
 
-def calibrate(gg, model: Llama, lib, threads: int, key: dict, budget_s: float = BUDGET_S) -> Calibration:
+def calibrate(gg, model: Decoder, lib, threads: int, key: dict, budget_s: float = BUDGET_S) -> Calibration:
     """Measure this machine's thresholds. ``model`` must be built with a dense copy for every op
     (its thresholds are set to the measured ones, copies kept: apply the final ones with
     ``apply_dense_above``); ``lib`` is the checked native library, or None where the native
@@ -264,20 +266,22 @@ def run(cfg, budget_s: float = BUDGET_S) -> Calibration:
 
     path = resolve_model_path(cfg.model)
     gg = load_gguf(path)
-    try:
-        lib, isa = load_checked()[:2]
-    except NativeUnavailable:
-        lib, isa = None, None
+    lib, isa = None, None
+    if model_class(gg.hparams.architecture).native_decoder:
+        try:
+            lib, isa = load_checked()[:2]
+        except NativeUnavailable:
+            pass
     threads = cfg.resolved_threads()
     torch.set_num_threads(threads)
-    model = Llama(gg, cfg, {op: 0 for op in OPS})
+    model = build(gg, cfg, {op: 0 for op in OPS})
     key = cache_key(path, threads, isa.name if isa else None)
     cal = calibrate(gg, model, lib, threads, key, budget_s)
     save(cal)
     return cal
 
 
-def apply_dense_above(model: Llama, dense_above: dict[str, int], drop: bool = True) -> None:
+def apply_dense_above(model: Decoder, dense_above: dict[str, int], drop: bool = True) -> None:
     """Set each op's threshold; ops without one never use their dense copy, and drop it (its
     memory) unless ``drop`` is False."""
     for L in model.layers:

@@ -9,14 +9,14 @@ import torch
 
 from .config import EngineConfig
 from .gguf_loader import load_gguf, resolve_model_path
-from .model import PrefillChunk, StepInput, offset_causal_mask
 from .model_runner import ModelRunner
+from .models.step import PrefillChunk, StepInput, offset_causal_mask
 from .native import NativeDecoder
 from .paths import plan
 from .sampler import sample
 from .scheduler import Scheduler
-from .supply import KernelSupply
 from .sequence import SamplingParams, Sequence, Status
+from .supply import KernelSupply
 from .tokenizer import Tokenizer
 
 
@@ -41,7 +41,7 @@ class Completion:
 
 
 class Engine:
-    """A Llama-family GGUF model with a KV cache, a continuous-batching scheduler and a sampler.
+    """A GGUF model (an architecture of ``models.ARCHITECTURES``) with a KV cache, a continuous-batching scheduler and a sampler.
 
     ``Engine(config).generate(prompts, max_tokens=...)`` for one-shot use; ``add_request`` and
     ``step`` for serving. Not thread-safe: drive it from one thread. ``supply`` builds the

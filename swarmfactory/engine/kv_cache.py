@@ -6,6 +6,10 @@ slots and heads mergeable into one batch dimension for bmm without a copy. A seq
 the batch changes; the scheduler hands out the lowest free slot so that running slots tend to
 form a contiguous range, which attention reads as a view instead of a gather.
 
+Sliding-window layers (``capacities``): a layer whose attention sees only the last few positions
+keeps a ring of ``capacity`` positions per slot instead of ``max_seq_len``; position p lives at
+p % capacity, so a long context costs its window, not its length. ``ring_positions`` says which
+position each entry holds; the model masks by it.
 
 int8 (``dtype=torch.int8``): each token's k (and v) of each kv head is stored as int8 with its
 own fp32 scale in ``scales`` ([2, slots, n_kv_heads, max_seq_len, 1] per layer), written by
@@ -26,19 +30,36 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
 
 
+def ring_positions(last: torch.Tensor, n: int, capacity: int) -> torch.Tensor:
+    """The position held by entries 0..n-1 of a ring of ``capacity`` whose sequence last wrote
+    position ``last`` (any shape S -> S + [n]); negative where nothing was written yet. A cache
+    layer that is not a ring is the case capacity > last: entry r holds position r."""
+    last = last[..., None]
+    return last - ((last - torch.arange(n)) % capacity)
+
+
 class KVCache:
+    """``capacities``: positions kept per layer (default: ``max_seq_len`` for every layer); a
+    layer with fewer is a ring (see the module docstring)."""
+
     def __init__(self, n_layers: int, slots: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype):
-        shape = (2, slots, n_kv_heads, max_seq_len, head_dim)
+                 dtype: torch.dtype, capacities: list[int] | None = None):
+        self.capacities = list(capacities) if capacities is not None else [max_seq_len] * n_layers
+        if len(self.capacities) != n_layers or not all(0 < c <= max_seq_len for c in self.capacities):
+            raise ValueError(f"capacities must be {n_layers} values in 1..{max_seq_len}")
+        shapes = [(2, slots, n_kv_heads, c, head_dim) for c in self.capacities]
         # zeros, not empty: unused positions are read (and masked) by batched attention, and
         # masked garbage that happens to be NaN would still poison softmax @ V.
-        self.kv = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.kv = [torch.zeros(shape, dtype=dtype) for shape in shapes]
         self.quantized = dtype == torch.int8
-        self.scales = ([torch.zeros((*shape[:-1], 1), dtype=torch.float32) for _ in range(n_layers)]
+        self.scales = ([torch.zeros((*shape[:-1], 1), dtype=torch.float32) for shape in shapes]
                        if self.quantized else None)
         self.slots = slots
         self.max_seq_len = max_seq_len
         self._free = list(range(slots))
+
+    def is_ring(self, layer: int) -> bool:
+        return self.capacities[layer] < self.max_seq_len
 
     @property
     def free_slots(self) -> int:
@@ -55,6 +76,8 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor) -> None:
         """Store ``kv`` [n, 2, n_kv_heads, head_dim] (each row's k and v) at (slot, position) per row."""
+        if self.is_ring(layer):
+            positions = positions % self.capacities[layer]
         if self.quantized:
             q, scale = quantize_int8(kv)
             self.kv[layer][:, slots, :, positions] = q
@@ -64,7 +87,9 @@ class KVCache:
 
     def read(self, layer: int, plane: int, slots, end: int, dtype: torch.dtype) -> torch.Tensor:
         """Plane 0 (k) or 1 (v) of ``slots`` (an int, a slice or an index tensor) for positions
-        0..end-1, as ``dtype``: a view of the cache where it is stored so, else a copy."""
+        0..end-1, as ``dtype``: a view of the cache where it is stored so, else a copy. A ring
+        layer gives its first min(end, capacity) entries (see ``ring_positions``)."""
+        end = min(end, self.capacities[layer])
         t = self.kv[layer][plane, slots, :, :end]
         if self.quantized:
             return t.to(dtype) * self.scales[layer][plane, slots, :, :end].to(dtype)

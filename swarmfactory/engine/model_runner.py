@@ -10,14 +10,15 @@ from __future__ import annotations
 import torch
 
 from .kv_cache import KVCache
-from .model import Llama, PrefillChunk, StepInput, offset_causal_mask
+from .models.decoder import Decoder
+from .models.step import PrefillChunk, StepInput, offset_causal_mask
 from .native import NativeDecoder
 from .scheduler import Scheduled
 from .sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: Llama, kv: KVCache, native: NativeDecoder | None = None):
+    def __init__(self, model: Decoder, kv: KVCache, native: NativeDecoder | None = None):
         self.model = model
         self.kv = kv
         self.native = native

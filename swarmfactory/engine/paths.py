@@ -20,7 +20,8 @@ from . import calibrate as cal_mod
 from .capabilities import check, fallback
 from .config import DEFAULT_DENSE_ABOVE, OPS, EngineConfig
 from .kernels import Dense
-from .model import Llama
+from .models import model_class
+from .models.decoder import Decoder
 from .native import NativeUnavailable, load_checked, matvec
 from .native_seam import describe, resolve_all
 from .supply import KernelSupply, NoSupply
@@ -87,9 +88,10 @@ def _cpu_name() -> str:
 
 
 def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = None
-         ) -> tuple[Llama, "object | None", Paths]:
+         ) -> tuple[Decoder, "object | None", Paths]:
     """Build the torch model and decide every path: returns (model, native library or None,
-    paths). The native decoder itself is built by the engine once its KV cache exists.
+    paths). The native decoder itself is built by the engine once its KV cache exists, for the
+    architectures it computes (llama); for others it is off, with a line saying why.
     ``supply`` builds the kernel-factory kernels the config names (``engine/supply.py``)."""
     q4 = cfg.weights == "q4_1"
     paths = _torch_paths(cfg)
@@ -97,7 +99,15 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     # before the model is built (each weight is then checked as its op is built).
     classes = resolve_all(cfg.kernels, supply)
     paths.native_kernels = describe(classes)
-    lib = _native(cfg, paths, supply) if cfg.native_applies() else None
+    arch = gg.hparams.architecture
+    model_cls = model_class(arch)
+    lib = None
+    if cfg.native_applies():
+        if model_cls.native_decoder:
+            lib = _native(cfg, paths, supply)
+        else:
+            paths.fallbacks.append(fallback("native decoder", f"it computes llama models only, this is {arch}",
+                                            "torch for every step"))
 
     threads = cfg.resolved_threads()
     need = q4 and (cfg.dense_above is None
@@ -113,7 +123,7 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     measure_now = need and cal is None and not cfg.kernels
     dense_above = _dense_above(cfg, cal, paths)
     # A calibration measures every op's dense copy; the final thresholds then drop the losers.
-    model = Llama(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None, classes)
+    model = model_cls(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None, classes)
     if measure_now:
         log.info("measuring this machine's thresholds (first load; cached afterwards)")
         cal = cal_mod.calibrate(gg, model, lib, threads, key)

@@ -13,7 +13,7 @@ from swarmfactory.engine import calibrate as cal
 from swarmfactory.engine import EngineConfig
 from swarmfactory.engine.config import OPS
 from swarmfactory.engine.gguf_loader import load_gguf
-from swarmfactory.engine.model import Llama
+from swarmfactory.engine.models.llama import Llama
 from swarmfactory.engine.native import load_checked
 
 

@@ -1,0 +1,175 @@
+"""Every architecture the engine serves, against transformers on the same GGUF.
+
+Tiny random models (``tiny_models.py``) are written as llama.cpp writes them and read back by
+both the engine and transformers (``from_pretrained(gguf_file=...)``, our fp32 reference), so
+each test also checks our writer against transformers' reader. Gemma's prompts are longer than
+its sliding window and than the ring its sliding layers keep (window - 1 + prefill_chunk).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+import tiny_models as tm
+from engine_support import THREADS
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+CHUNK = 16  # prefill_chunk: gemma's sliding layers keep window - 1 + 16 = 23 positions
+LONG = 40  # tokens: beyond gemma's window (8) and its ring (23)
+PROMPT_LENS = (7, 19, 33)
+NEW = 8
+# bf16 weights and activations against the fp32 reference, max |logit error| (logits have a
+# standard deviation of about 0.8): measured 0.03-0.12 over these models (0.12: gemma3, whose
+# transformers bf16 model is itself 0.11 off its fp32 one).
+BF16_BOUND = 0.25
+
+_files: dict = {}
+_engines: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release():
+    yield
+    _files.clear()
+    _engines.clear()
+
+
+def _prompt(n: int, seed: int = 1) -> list[int]:
+    return torch.randint(3, tm.VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _file(tmp_path_factory, arch: str, qtype: QT = QT.F32, rope: str | None = None, **overrides):
+    """(path, transformers model read from it, the HF model it was written from)."""
+    key = (arch, qtype, rope, tuple(sorted(overrides.items())))
+    if key not in _files:
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(THREADS)
+        model = tm.hf_model(arch, rope, **overrides)
+        path = tm.write_gguf(model, arch, tmp_path_factory.mktemp(arch) / f"tiny-{arch}-{qtype.name}.gguf", qtype)
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        _files[key] = (path, hf, model)
+    return _files[key]
+
+
+def _engine(path, weights: str = "fp32", **kw):
+    from swarmfactory.engine import Engine, EngineConfig
+
+    key = (str(path), weights, repr(sorted(kw.items())))
+    if key not in _engines:
+        opts = {"threads": THREADS, "max_batch": 4, "max_seq_len": 128, "prefill_chunk": CHUNK, **kw}
+        _engines[key] = Engine(EngineConfig(model=str(path), weights=weights, **opts))
+    return _engines[key]
+
+
+def _hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _hf_greedy(model, ids: list[int], n: int = NEW) -> list[int]:
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-n:]
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16], ids=["F32", "F16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_logits_match_transformers(tmp_path_factory, arch, qtype):
+    path, hf, _ = _file(tmp_path_factory, arch, qtype)
+    ids = _prompt(LONG)
+    err = (_engine(path).score(ids) - _hf_logits(hf, ids)).abs().max().item()
+    assert err < 1e-3, f"{arch} {qtype.name}: max |logit error| {err:.2e}"
+
+
+# exact attention (each sequence over its own context) masks differently only where there are
+# sliding windows: gemma's
+@pytest.mark.parametrize(("arch", "attention"), [(a, "padded") for a in ARCHS] + [("gemma3", "exact")])
+def test_greedy_tokens_match_transformers_alone_and_batched(tmp_path_factory, arch, attention):
+    path, hf, _ = _file(tmp_path_factory, arch)
+    eng = _engine(path, attention=attention)
+    prompts = [_prompt(n, seed=n) for n in PROMPT_LENS]
+    expect = [_hf_greedy(hf, p) for p in prompts]
+    alone = [eng.generate([p], max_tokens=NEW, ignore_eos=True)[0].token_ids for p in prompts]
+    batched = [c.token_ids for c in eng.generate(prompts, max_tokens=NEW, ignore_eos=True)]
+    assert alone == expect
+    assert batched == expect
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_stays_within_its_bound(tmp_path_factory, arch):
+    path, hf, _ = _file(tmp_path_factory, arch)
+    ids = _prompt(LONG)
+    got = _engine(path, "bf16").score(ids)
+    assert torch.isfinite(got).all()
+    err = (got - _hf_logits(hf, ids)).abs().max().item()
+    assert err < BF16_BOUND, f"{arch}: bf16 max |logit error| {err:.3f}"
+
+
+def test_sliding_window_layers_keep_a_ring_of_the_window(tmp_path_factory):
+    path, _, _ = _file(tmp_path_factory, "gemma3")
+    eng = _engine(path)
+    ring = tm.GEMMA_WINDOW - 1 + CHUNK
+    # every 6th layer is global: layer 5 of 6
+    assert eng.kv.capacities == [ring] * 5 + [eng.max_seq_len]
+    assert [L.window for L in eng.model.layers] == [tm.GEMMA_WINDOW] * 5 + [None]
+
+
+@pytest.mark.parametrize("rope", sorted(tm.ROPE_SCALING))
+def test_llama_rope_scaling_matches_hf(tmp_path_factory, rope):
+    # transformers reads neither rope_freqs nor rope.scaling back from a GGUF: the reference is
+    # the HF model the file was written from
+    path, _, model = _file(tmp_path_factory, "llama", rope=rope)
+    ids = _prompt(100)
+    err = (_engine(path).score(ids) - _hf_logits(model, ids)).abs().max().item()
+    assert err < 1e-3, f"{rope}: max |logit error| {err:.2e}"
+
+
+def _quantised_types() -> list:
+    try:
+        from swarmfactory.engine import quants
+    except ImportError:
+        return []
+    return sorted((q for q in quants.SUPPORTED if q not in (QT.F32, QT.F16)), key=lambda q: q.value)
+
+
+@pytest.mark.parametrize("qtype", _quantised_types(), ids=lambda q: q.name)
+def test_quantised_files_match_transformers(tmp_path_factory, qtype):
+    # rows of 256 or more: the K-quants' super-blocks fit every matrix
+    path, hf, _ = _file(tmp_path_factory, "qwen3", qtype, hidden_size=256, intermediate_size=512,
+                        num_hidden_layers=1)
+    eng = _engine(path)
+    ids = _prompt(24)
+    err = (eng.score(ids) - _hf_logits(hf, ids)).abs().max().item()
+    assert err < 1e-3, f"{qtype.name}: max |logit error| {err:.2e}"
+    assert eng.generate([ids], max_tokens=NEW, ignore_eos=True)[0].token_ids == _hf_greedy(hf, ids)
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "llama"])
+def test_native_decoder_is_off_with_its_reason(tmp_path_factory, arch, caplog):
+    path, _, _ = _file(tmp_path_factory, arch)
+    with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
+        eng = _engine(path, "q4_1", dense_above={}, max_batch=2)
+    assert eng.native is None and eng.paths.native is None
+    lines = [f for f in eng.paths.fallbacks if f.startswith("native decoder")]
+    assert len(lines) == 1 and arch in lines[0]
+    assert any(arch in r.getMessage() and "native decoder" in r.getMessage() for r in caplog.records)
+    assert len(eng.generate([_prompt(5)], max_tokens=2, ignore_eos=True)[0].token_ids) == 2
+
+
+def test_unknown_architecture_fails_in_one_line(tmp_path):
+    from swarmfactory.engine import Engine, EngineConfig
+    from swarmfactory.engine.gguf_loader import load_gguf
+
+    path = tm.write_unknown_arch(tmp_path / "mamba.gguf")
+    for load in (lambda: load_gguf(path), lambda: Engine(EngineConfig(model=str(path), weights="fp32"))):
+        with pytest.raises(ValueError) as e:
+            load()
+        msg = str(e.value)
+        assert "\n" not in msg and "'mamba'" in msg and "llama, qwen2, qwen3, gemma3" in msg
