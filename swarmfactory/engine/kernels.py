@@ -210,6 +210,8 @@ def register_kernel(cls: type[LinearKernel]) -> type[LinearKernel]:
 
 def kernel_class(name: str) -> type[LinearKernel]:
     global _ENTRY_POINTS_LOADED
+    if name not in _REGISTRY:
+        from .native import qlinear  # noqa: F401  (registers "qnative")
     if name not in _REGISTRY and not _ENTRY_POINTS_LOADED:
         _ENTRY_POINTS_LOADED = True
         for ep in entry_points(group="swarmfactory.engine_kernels"):
@@ -227,7 +229,12 @@ def available_kernels() -> list[str]:
 
 def default_kernel(weights: str, op: str, weight: Weight) -> str:
     """The kernel an op runs when the config names none (dense where torch's int4 kernel fails
-    its probe on this machine)."""
+    its probe on this machine); a weight torch's int4 kernels cannot run (K-quants, Q4_0, Q5_x,
+    mixed types) stays in its blocks and runs natively where this machine has a checked build."""
+    from .native.qlinear import default_for  # registers "qnative"
+
+    if (native := default_for(weights, weight)) is not None:
+        return native
     if weights != "q4_1" or not check("int4pack").ok:
         return "dense"
     if weight.qtype == QT.Q4_1:

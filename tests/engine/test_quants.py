@@ -4,7 +4,6 @@ error, and every tensor type of the real Gemma 3 270M file read through ``QuantT
 from __future__ import annotations
 
 import hashlib
-import struct
 import warnings
 
 import numpy as np
@@ -226,65 +225,17 @@ def test_quant_tensor_unpermutes_rows_and_agrees_with_its_q4_1_and_q8_0_views():
         assert torch.equal(t.blocks(), torch.from_numpy(raw[perm]))
 
 
-_KV_WIDTH = {0: 1, 1: 1, 7: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 10: 8, 11: 8, 12: 8}
-
-
-def _tensor_table(blob: np.ndarray) -> list[tuple[str, QT, tuple[int, ...], np.ndarray]]:
-    """(name, type, GGUF dims, stored bytes) of each tensor: the GGUF layout walked directly, since
-    gguf.GGUFReader spends ~20 s decoding a 262k-token vocabulary first."""
-    def skip(pos: int, vtype: int) -> int:
-        if vtype in _KV_WIDTH:
-            return pos + _KV_WIDTH[vtype]
-        if vtype == 8:
-            return pos + 8 + struct.unpack_from("<Q", blob, pos)[0]
-        etype, count = struct.unpack_from("<IQ", blob, pos)
-        pos += 12
-        if etype in _KV_WIDTH:
-            return pos + count * _KV_WIDTH[etype]
-        for _ in range(count):
-            pos = skip(pos, etype)
-        return pos
-
-    def string(pos: int) -> tuple[str, int]:
-        (n,) = struct.unpack_from("<Q", blob, pos)
-        return bytes(blob[pos + 8:pos + 8 + n]).decode(), pos + 8 + n
-
-    assert bytes(blob[:4]) == b"GGUF"
-    _, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
-    pos, alignment = 24, 32
-    for _ in range(n_kv):
-        key, pos = string(pos)
-        (vtype,) = struct.unpack_from("<I", blob, pos)
-        if key == "general.alignment":
-            (alignment,) = struct.unpack_from("<I", blob, pos + 4)
-        pos = skip(pos + 4, vtype)
-    entries = []
-    for _ in range(n_tensors):
-        name, pos = string(pos)
-        (n_dims,) = struct.unpack_from("<I", blob, pos)
-        dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
-        qtype, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 12
-        entries.append((name, QT(qtype), dims, offset))
-    data = (pos + alignment - 1) // alignment * alignment
-    out = []
-    for name, qtype, dims, offset in entries:
-        rows = int(np.prod(dims[1:]))
-        start = data + offset
-        out.append((name, qtype, dims, blob[start:start + rows * quants.row_bytes(qtype, dims[0])]))
-    return out
-
-
 def test_every_tensor_type_of_the_gemma_file_reads_exactly(gemma_path):
-    table = _tensor_table(np.memmap(gemma_path, mode="r", dtype=np.uint8))
-    assert len(table) == 236 and {qtype for _, qtype, _, _ in table} <= quants.SUPPORTED
+    from swarmfactory.engine.gguf_loader import load_gguf
+
+    tensors = load_gguf(gemma_path).tensors
+    assert len(tensors) == 236 and {t.qtype for t in tensors.values()} <= quants.SUPPORTED
     seen = set()
-    for name, qtype, dims, stored in table:
-        if qtype in seen or (qtype == QT.Q8_0 and name != "token_embd.weight"):
+    for name, t in tensors.items():
+        qtype, rows, cols = t.qtype, t.rows, t.cols
+        if qtype in seen or (qtype == QT.Q8_0 and name != "token_embd.weight") or t.row_perm is not None:
             continue
         seen.add(qtype)
-        cols, rows = dims[0], int(np.prod(dims[1:]))
-        t = QuantTensor(name, qtype, rows, cols, stored.reshape(rows, -1))
         if name == "token_embd.weight":  # 262144 rows: a spread of them keeps this fast
             assert (rows, cols) == (262144, 640)
             t = t.take(np.arange(5, rows, 257))

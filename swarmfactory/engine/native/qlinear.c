@@ -1,0 +1,781 @@
+/* Linear layers on GGUF block weights: y[M, N] = x[M, K] @ W^T, W kept as llama.cpp stores it.
+ *
+ * W is one or more parts stacked along N (a fused q|k|v may mix types), each part's rows as raw
+ * GGUF blocks of one of: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32 elements a block) or Q4_K, Q5_K, Q6_K
+ * (256 a block). Block layouts: ggml-common.h (gguf-py's quants.py decodes the same bytes).
+ *
+ * Numerics (as llama.cpp on CPU). Each activation row is quantised once per call to 8 bits:
+ *   - for the 32-element types per block of 32 (Q8_0-style): d = amax / 127, q = rint(x / d)
+ *     (x * (127 / amax) in fp32, rounded to nearest even), |q| <= 127, and s = d * sum(q);
+ *   - for the K-quants per block of 256 (Q8_K-style): d = amax / 127 over the 256, q as above,
+ *     and the sums of q per 16 (bsums).
+ * Each block's dot product of weight quants and activation quants is exact in int32: Q4_0,
+ * Q5_0, Q8_0 take the signed quants; Q4_1, Q5_1 the unsigned ones, plus m * s per block in
+ * fp32; per super-block Q4_K, Q5_K the integer sums sum_j sc_j dot_j and sum_j m_j bsum_j
+ * (times d dx and -dmin dx), Q6_K sum_j sc_j (dot_j - 32 bsum_j) in one integer. The scales
+ * are applied in fp32, a fused multiply-add per block into 8 lanes summed at the end. So y = sum_i w_i xq_i
+ * (w_i the fp32-dequantised weight, xq_i = d q_i) up to fp32 rounding, and against the fp32
+ * reference x @ W^T:
+ *     |y - x @ W^T| <= sum_i |w_i| d(i) / 2  +  eps * S,    S = sum_i |w_i| |x_i|,
+ * where d(i) is the scale of the activation block holding element i (|x_i - xq_i| <= d(i) / 2)
+ * and eps covers fp32 arithmetic: about (K/32) * 2^-24 relative to the terms summed, which for
+ * Q4_1/Q5_1 (d q and m) and the K-quants (their two integer sums) may exceed |w| by a small
+ * factor; the check at load and the tests use eps = 1e-5 (measured: below 1e-7). The first
+ * term dominates: on Gaussian activations the largest error of an output is ~0.1-0.15% of its
+ * S, and 5-15% of this bound (which assumes every rounding error at its worst).
+ * A non-finite activation makes its block's scale NaN, so every output it reaches is NaN.
+ *
+ * Batch and thread invariance: output (m, n) is computed by one thread with the same
+ * operations whatever M, the thread count or the other rows are (see "threads" below).
+ *
+ * ISA (from the compiler flags, qlinear.py builds each path): portable C; AVX2+FMA+F16C
+ * (maddubs/madd); AVX-512 BW/VL (the AVX2 code in EVEX form: 32 registers, so the activation
+ * rows of a pass no longer spill); AVX-512 VNNI or AVX-VNNI (vpdpbusd for the 32-element
+ * types). The SIMD code uses 256-bit vectors on every path. SF_EMULATE_VNNI builds the VNNI
+ * code with vpdpbusd emulated exactly by AVX2 (tests: the VNNI arithmetic is checked on any
+ * AVX2 host).
+ */
+#include <linux/futex.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define SF_SIMD 1
+#if defined(SF_EMULATE_VNNI)
+#define SF_ISA "avx2-emulated-vnni"
+#define DPBUSD(acc, u, s) dpbusd_emulated((acc), (u), (s))
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SF_ISA "avx512vnni"
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define SF_ISA "avxvnni"
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#elif defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SF_ISA "avx512"
+#else
+#define SF_ISA "avx2"
+#endif
+/* activation rows per pass over a weight row: each weight block is unpacked once for all of
+ * them. 8 also on AVX2, where their accumulators no longer all fit in its 16 registers:
+ * measured 1.1-1.3x faster than 4 at 64 rows, the same at 4-16 (and the same results). */
+#define MT 8
+#else
+#define SF_ISA "portable"
+#define SF_SIMD 0
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+/* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes. */
+typedef struct {
+    int64_t type, rows, row_bytes;
+    const uint8_t *data;
+} QPart;
+
+static int64_t elems(int64_t t) { return t == Q4_K || t == Q5_K || t == Q6_K ? 256 : 32; }
+
+static int64_t block_bytes(int64_t t) {
+    switch (t) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+const char *sf_qlinear_isa(void) { return SF_ISA; }
+
+/* ---------------------------------------------------------------------------------------- */
+/* scalars                                                                                   */
+
+static inline float fp16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if SF_SIMD
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    union { uint32_t u; float f; } v;
+    if (e == 0x1F) v.u = sign | 0x7F800000u | (m << 13);
+    else if (e) v.u = sign | ((e + 112) << 23) | (m << 13);
+    else { v.f = (float)m * 5.9604644775390625e-8f; v.u |= sign; } /* zero, subnormal: m * 2^-24 */
+    return v.f;
+#endif
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as torch */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins -> sc[0..7], mn[0..7] (llama.cpp's
+ * get_scale_min_k4, four at a time) */
+static inline void k4_scales(const uint8_t *s12, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[4];
+    memcpy(u, s12, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const uint32_t mins_lo = u[1] & 0x3F3F3F3Fu;
+    u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = mins_lo;
+    u[0] &= 0x3F3F3F3Fu;
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* activation quantisation (the same C on every path, so every path sees the same q)         */
+
+typedef struct {         /* per block of 32 */
+    int8_t *q;           /* [M, K] */
+    float *d;            /* [M, K/32] */
+    float *s;            /* [M, K/32] d * sum(q) */
+} Act32;
+
+typedef struct {         /* per block of 256 */
+    int8_t *q;           /* [M, K] */
+    float *d;            /* [M, K/256] */
+    int16_t *bsums;      /* [M, K/16] sums of q per 16 */
+} Act256;
+
+/* n (32 or 256) values -> q, returns d; *isum = sum(q). A non-finite value gives d = NaN. */
+static float quantize_block(const float *x, int n, int8_t *q, int32_t *isum) {
+    float amax = 0.f;
+    int bad = 0;
+#pragma omp simd reduction(max : amax) reduction(| : bad)
+    for (int t = 0; t < n; t++) {
+        const float a = fabsf(x[t]);
+        amax = a > amax ? a : amax;
+        bad |= !(a <= 3.4028234663852886e38f); /* inf or NaN */
+    }
+    *isum = 0;
+    if (bad) {
+        memset(q, 0, (size_t)n);
+        return NAN;
+    }
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < n; t++) {
+        float v = x[t] * id;
+        v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+        const int r = (int)nearbyintf(v);
+        q[t] = (int8_t)r;
+        sum += r;
+    }
+    *isum = sum;
+    return amax / 127.f;
+}
+
+static void quantize_row(const float *x, int64_t K, int64_t m, Act32 *a32, Act256 *a256) {
+    int32_t isum;
+    if (a32->q) {
+        const int64_t nb = K / 32;
+        for (int64_t j = 0; j < nb; j++) {
+            const float d = quantize_block(x + 32 * j, 32, a32->q + m * K + 32 * j, &isum);
+            a32->d[m * nb + j] = d;
+            a32->s[m * nb + j] = d * (float)isum;
+        }
+    }
+    if (a256->q) {
+        const int64_t nb = K / 256;
+        for (int64_t j = 0; j < nb; j++) {
+            int8_t *q = a256->q + m * K + 256 * j;
+            a256->d[m * nb + j] = quantize_block(x + 256 * j, 256, q, &isum);
+            int16_t *bs = a256->bsums + m * (K / 16) + 16 * j;
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int t = 0; t < 16; t++) s += q[16 * g + t];
+                bs[g] = (int16_t)s;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* portable kernels: one (row, activation row) at a time, plain C                            */
+
+#if !SF_SIMD
+/* block -> 32 quants (signed: w = d * q for Q4_0, Q5_0, Q8_0; 0..31 and w = d * q + m for
+ * Q4_1, Q5_1), returns d; *m = m or 0 */
+static float unpack32(int64_t t, const uint8_t *b, int8_t q[32], float *m) {
+    *m = 0.f;
+    if (t == Q8_0) {
+        memcpy(q, b + 2, 32);
+        return fp16(b);
+    }
+    const int has_m = t == Q4_1 || t == Q5_1, five = t == Q5_0 || t == Q5_1;
+    const uint8_t *qs = b + 2 + 2 * has_m + 4 * five;
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, b + 2 + 2 * has_m, 4);
+    const int off = has_m ? 0 : (five ? 16 : 8);
+    for (int i = 0; i < 16; i++) {
+        q[i] = (int8_t)(((qs[i] & 0x0F) | (((qh >> i) & 1) << 4)) - off);
+        q[i + 16] = (int8_t)(((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - off);
+    }
+    if (has_m) *m = fp16(b + 2);
+    return fp16(b);
+}
+
+static float dot32(int64_t t, const uint8_t *w, int64_t K, const Act32 *a, int64_t m) {
+    const int64_t nb = K / 32, bs = block_bytes(t);
+    const int8_t *xq = a->q + m * K;
+    float acc = 0.f, accm = 0.f;
+    for (int64_t j = 0; j < nb; j++) {
+        int8_t q[32];
+        float mw;
+        const float dw = unpack32(t, w + j * bs, q, &mw);
+        int32_t s = 0;
+        for (int i = 0; i < 32; i++) s += q[i] * xq[32 * j + i];
+        acc += (float)s * (dw * a->d[m * nb + j]);
+        accm += mw * a->s[m * nb + j];
+    }
+    return acc + accm;
+}
+
+/* super-block -> 256 quants (Q4_K/Q5_K: 0..31, Q6_K: -32..31) and its integer scales */
+static void unpack256(int64_t t, const uint8_t *b, int8_t q[256], int16_t sc[16], int16_t mn[8],
+                      float *d, float *dmin) {
+    if (t == Q6_K) {
+        const uint8_t *ql = b, *qh = b + 128;
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < 4; s++)
+                for (int l = 0; l < 32; l++) {
+                    const int lo = (ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0F;
+                    const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+                    q[128 * h + 32 * s + l] = (int8_t)((lo | (hi << 4)) - 32);
+                }
+        for (int i = 0; i < 16; i++) sc[i] = (int8_t)b[192 + i];
+        *d = fp16(b + 208);
+        *dmin = 0.f;
+        return;
+    }
+    uint8_t s8[8], m8[8];
+    k4_scales(b + 4, s8, m8);
+    for (int j = 0; j < 8; j++) { sc[j] = s8[j]; mn[j] = m8[j]; }
+    const uint8_t *qh = b + 16, *qs = b + (t == Q5_K ? 48 : 16);
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 32; l++) {
+            int v = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+            if (t == Q5_K) v |= ((qh[l] >> j) & 1) << 4;
+            q[32 * j + l] = (int8_t)v;
+        }
+    *d = fp16(b);
+    *dmin = fp16(b + 2);
+}
+
+static float dot256(int64_t t, const uint8_t *w, int64_t K, const Act256 *a, int64_t m) {
+    const int64_t nb = K / 256, bs = block_bytes(t);
+    float acc = 0.f;
+    for (int64_t i = 0; i < nb; i++) {
+        int8_t q[256];
+        int16_t sc[16], mn[8];
+        float d, dmin;
+        unpack256(t, w + i * bs, q, sc, mn, &d, &dmin);
+        const int8_t *xq = a->q + m * K + 256 * i;
+        const int16_t *bsum = a->bsums + m * (K / 16) + 16 * i;
+        const int sub = t == Q6_K ? 16 : 32;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 256 / sub; j++) {
+            int32_t s = 0;
+            for (int l = 0; l < sub; l++) s += q[sub * j + l] * xq[sub * j + l];
+            isum += sc[j] * s;
+            if (t != Q6_K) msum += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
+        }
+        const float dx = a->d[m * nb + i];
+        acc += (d * dx) * (float)isum - (dmin * dx) * (float)msum;
+    }
+    return acc;
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* SIMD kernels                                                                              */
+
+#if SF_SIMD
+#define INLINE static inline __attribute__((always_inline))
+
+#ifdef SF_EMULATE_VNNI
+/* vpdpbusd exactly: acc + per 32-bit lane sum of 4 u8 * s8, no saturation */
+INLINE __m256i dpbusd_emulated(__m256i acc, __m256i u, __m256i s) {
+    const __m256i ue = _mm256_and_si256(u, _mm256_set1_epi16(0x00FF)), uo = _mm256_srli_epi16(u, 8);
+    const __m256i se = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), so = _mm256_srai_epi16(s, 8);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(ue, se), _mm256_madd_epi16(uo, so)));
+}
+#endif
+
+INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31) */
+INLINE __m256i nibbles32(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+/* bit i of the 32-bit little-endian qh -> 0x10 in byte i */
+INLINE __m256i bits32(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
+    b = _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+#define SYMMETRIC(T) ((T) == Q4_0 || (T) == Q5_0 || (T) == Q8_0)
+
+/* A block's 32 weights as the dot takes them: the symmetric types (w = d * q, q signed:
+ * Q4_0 nibble - 8, Q5_0 5 bits - 16, Q8_0) as |q| with q in *sgn; Q4_1, Q5_1 (w = d * q + m)
+ * as q in 0..31. */
+INLINE __m256i quants32(const int T, const uint8_t *b, __m256i *sgn) {
+    __m256i q;
+    switch (T) {
+    case Q4_0: q = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8)); break;
+    case Q5_0: q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(b + 2)), _mm256_set1_epi8(16)); break;
+    case Q8_0: q = _mm256_loadu_si256((const __m256i *)(b + 2)); break;
+    case Q4_1: return nibbles32(b + 4);
+    default: return _mm256_or_si256(nibbles32(b + 8), bits32(b + 4));
+    }
+    *sgn = q;
+    return _mm256_sign_epi8(q, q);
+}
+
+/* 8 int32 lanes, each the sum of 4 products of weight quants and activation quants. Exact:
+ * the first operand is unsigned (|q| <= 128, or q <= 31) and the activations' |q| <= 127, so
+ * maddubs's int16 pair sums stay below 2 * 128 * 127 < 2^15 (vpdpbusd has no such limit). */
+INLINE __m256i dot32x(const int T, __m256i u, __m256i sgn, const int8_t *xp) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xp);
+    if (SYMMETRIC(T)) x = _mm256_sign_epi8(x, sgn);
+#ifdef DPBUSD
+    return DPBUSD(_mm256_setzero_si256(), u, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* acc + p * (dw * dx): a block's integer dot scaled by the weight's and the activation's scale */
+INLINE __m256 scaled(__m256 acc, __m256i p, __m256 dw, const float *dx) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_broadcast_ss(dx)), acc);
+}
+
+/* Rows m0 .. m0 + NM - 1 of one weight row, 32-element type T: out[mm] = sum_j dw_j dx_mj
+ * dot_j (+ sum_j m_j s_mj for Q4_1, Q5_1), per lane in fp32. Symmetric types alternate two
+ * accumulators (even, odd blocks); the offset types keep the m terms in the second, as m/8
+ * in each of its 8 lanes (exact scaling), so the final sum of the lanes adds sum m s. */
+INLINE void tile32(const int T, const int NM, const uint8_t *w, int64_t K, const Act32 *a, int64_t m0, float *out) {
+    const int64_t nb = K / 32, bs = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
+    __m256 acc0[MT], acc1[MT]; /* sized by a constant: a VLA would never live in registers */
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) acc0[mm] = acc1[mm] = _mm256_setzero_ps();
+    const int8_t *xq = a->q + m0 * K;
+    const float *xd = a->d + m0 * nb, *xs = a->s + m0 * nb;
+    if (SYMMETRIC(T)) {
+        int64_t j = 0;
+        for (; j + 1 < nb; j += 2) {
+            __m256i s0, s1;
+            const uint8_t *b0 = w + j * bs, *b1 = b0 + bs;
+            const __m256i u0 = quants32(T, b0, &s0), u1 = quants32(T, b1, &s1);
+            const __m256 d0 = _mm256_set1_ps(fp16(b0)), d1 = _mm256_set1_ps(fp16(b1));
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++) {
+                const __m256i p0 = dot32x(T, u0, s0, xq + mm * K + 32 * j);
+                const __m256i p1 = dot32x(T, u1, s1, xq + mm * K + 32 * j + 32);
+                acc0[mm] = scaled(acc0[mm], p0, d0, xd + mm * nb + j);
+                acc1[mm] = scaled(acc1[mm], p1, d1, xd + mm * nb + j + 1);
+            }
+        }
+        if (j < nb) {
+            __m256i s0;
+            const __m256i u0 = quants32(T, w + j * bs, &s0);
+            const __m256 d0 = _mm256_set1_ps(fp16(w + j * bs));
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++) {
+                const __m256i p0 = dot32x(T, u0, s0, xq + mm * K + 32 * j);
+                acc0[mm] = scaled(acc0[mm], p0, d0, xd + mm * nb + j);
+            }
+        }
+    } else {
+        const __m256i none = _mm256_setzero_si256();
+        for (int64_t j = 0; j < nb; j++) {
+            const uint8_t *b = w + j * bs;
+            const __m256i u = quants32(T, b, NULL);
+            const __m256 d = _mm256_set1_ps(fp16(b)), m8 = _mm256_set1_ps(0.125f * fp16(b + 2));
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++) {
+                const __m256i p = dot32x(T, u, none, xq + mm * K + 32 * j);
+                acc0[mm] = scaled(acc0[mm], p, d, xd + mm * nb + j);
+                acc1[mm] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(xs + mm * nb + j), acc1[mm]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) out[mm] = hsum(_mm256_add_ps(acc0[mm], acc1[mm]));
+}
+
+/* One super-block of a K-quant unpacked for the dot: 8 vectors of 32 unsigned quants, the
+ * int16 scales to madd them with, and the min (Q4_K/Q5_K) or -32 (Q6_K) term's int16 factors
+ * per 16 elements (against the activations' bsums). */
+typedef struct {
+    __m256i q[8], sc[8], f16;
+    float d, dmin;
+} SuperBlock;
+
+/* A vpshufb mask that fills the low 128 bits with int16 number `lo` of the source's low half
+ * and the high 128 bits with number `hi` of its high half (a broadcast of a scale per half). */
+INLINE __m256i pick16(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * hi)),
+                            _mm_set1_epi16((short)(0x0100 + 0x0202 * lo)));
+}
+
+INLINE void unpack_k(const int T, const uint8_t *b, SuperBlock *u) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    if (T == Q6_K) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const __m256i top = _mm256_set1_epi8(0x30);
+        /* the 16 int8 scales as int16, each 128-bit half repeated in both halves for vpshufb */
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        const __m256i s_lo = _mm256_permute2x128_si256(s16, s16, 0x00);
+        const __m256i s_hi = _mm256_permute2x128_si256(s16, s16, 0x11);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) { /* elements 32c..: half h = c / 4, s = c % 4 */
+            const int h = c / 4, s = c % 4;
+            __m256i lo = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (s & 1)));
+            if (s >> 1) lo = _mm256_srli_epi16(lo, 4);
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            /* bits 2s, 2s + 1 of each byte to bits 4, 5 */
+            const __m256i hi = s == 2 ? bits : s < 2 ? _mm256_slli_epi16(bits, 4 - 2 * s) : _mm256_srli_epi16(bits, 2);
+            u->q[c] = _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(hi, top));
+            /* sub-blocks 2c (elements 0..15 of the chunk) and 2c + 1 */
+            u->sc[c] = _mm256_shuffle_epi8(c < 4 ? s_lo : s_hi, pick16((2 * c) % 8, (2 * c + 1) % 8));
+        }
+        u->f16 = s16;
+        u->d = fp16(b + 208);
+        u->dmin = 0.f;
+        return;
+    }
+    uint8_t sm[16]; /* scales, then mins */
+    k4_scales(b + 4, sm, sm + 8);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+    const __m256i sc = _mm256_permute2x128_si256(sm16, sm16, 0x00), mn = _mm256_permute2x128_si256(sm16, sm16, 0x11);
+    const uint8_t *qs = b + (T == Q5_K ? 48 : 16);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        u->q[2 * c] = _mm256_and_si256(v, low);
+        u->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if (T == Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16)), bit4 = _mm256_set1_epi8(0x10);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) { /* bit j of each byte to bit 4 */
+            const __m256i h = j < 4 ? _mm256_slli_epi16(qh, 4 - j) : j > 4 ? _mm256_srli_epi16(qh, j - 4) : qh;
+            u->q[j] = _mm256_or_si256(u->q[j], _mm256_and_si256(h, bit4));
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) u->sc[j] = _mm256_shuffle_epi8(sc, pick16(j, j));
+    u->f16 = _mm256_shuffle_epi8(mn, _mm256_set_epi8(15, 14, 15, 14, 13, 12, 13, 12, 11, 10, 11, 10, 9, 8, 9, 8,
+                                                     7, 6, 7, 6, 5, 4, 5, 4, 3, 2, 3, 2, 1, 0, 1, 0)); /* m_j per 16 */
+    u->d = fp16(b);
+    u->dmin = fp16(b + 2);
+}
+
+/* Rows m0 .. m0 + NM - 1 of one weight row, K-quant T. Per super-block the integer sum
+ * sum_j sc_j * dot_j (Q6_K: less 32 * sum_j sc_j * bsum_j) is exact in int32 (bounded by
+ * 2^25), then d * dx (and for Q4_K/Q5_K - dmin * dx * sum_j m_j * bsum_j) in fp32. */
+INLINE void tilek(const int T, const int NM, const uint8_t *w, int64_t K, const Act256 *a,
+                  int64_t m0, float *out) {
+    const int64_t nb = K / 256, bs = T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+    __m256 acc[MT];
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) acc[mm] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        SuperBlock u;
+        unpack_k(T, w + i * bs, &u);
+#pragma GCC unroll 8
+        for (int mm = 0; mm < NM; mm++) {
+            const int64_t m = m0 + mm;
+            const int8_t *x = a->q + m * K + 256 * i;
+            __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m256i p = _mm256_maddubs_epi16(u.q[c], _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, u.sc[c]));
+            }
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)(a->bsums + m * (K / 16) + 16 * i));
+            const __m256i f = _mm256_madd_epi16(u.f16, bsums);
+            const float dx = a->d[m * nb + i];
+            if (T == Q6_K) s = _mm256_sub_epi32(s, _mm256_slli_epi32(f, 5));
+            acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(u.d * dx), acc[mm]);
+            if (T != Q6_K) acc[mm] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(f), _mm256_set1_ps(u.dmin * dx), acc[mm]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) out[mm] = hsum(acc[mm]);
+}
+
+/* Passes of 8, 4, 2 and 1 rows (a constant in each copy of the tile code: four copies, not
+ * eight, as the rows' results do not depend on the pass they are in). */
+#define TILES(CALL) \
+    for (int64_t m0 = 0; m0 < M;) { \
+        const int64_t left = M - m0; \
+        if (left >= 8) { CALL(8); m0 += 8; } \
+        else if (left >= 4) { CALL(4); m0 += 4; } \
+        else if (left >= 2) { CALL(2); m0 += 2; } \
+        else { CALL(1); m0 += 1; } \
+    }
+
+/* out[m] = W[row] . x[m] for every m, 32-element type T */
+INLINE void row32(const int T, const uint8_t *w, int64_t K, const Act32 *a, int64_t M, float *out) {
+#define CALL32(k) tile32(T, k, w, K, a, m0, out + m0)
+    TILES(CALL32)
+#undef CALL32
+}
+
+INLINE void rowk(const int T, const uint8_t *w, int64_t K, const Act256 *a, int64_t M, float *out) {
+#define CALLK(k) tilek(T, k, w, K, a, m0, out + m0)
+    TILES(CALLK)
+#undef CALLK
+}
+#endif
+
+/* out[m] = W[row] . x[m] for m < M */
+static void row_dot(int64_t t, const uint8_t *w, int64_t K, const Act32 *a32, const Act256 *a256, int64_t M,
+                    float *out) {
+#if SF_SIMD
+    switch (t) {
+    case Q4_0: row32(Q4_0, w, K, a32, M, out); break;
+    case Q4_1: row32(Q4_1, w, K, a32, M, out); break;
+    case Q5_0: row32(Q5_0, w, K, a32, M, out); break;
+    case Q5_1: row32(Q5_1, w, K, a32, M, out); break;
+    case Q8_0: row32(Q8_0, w, K, a32, M, out); break;
+    case Q4_K: rowk(Q4_K, w, K, a256, M, out); break;
+    case Q5_K: rowk(Q5_K, w, K, a256, M, out); break;
+    default: rowk(Q6_K, w, K, a256, M, out); break;
+    }
+#else
+    for (int64_t m = 0; m < M; m++)
+        out[m] = elems(t) == 32 ? dot32(t, w, K, a32, m) : dot256(t, w, K, a256, m);
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* threads                                                                                   */
+
+/* A call's rows of W are cut into chunks that threads claim one at a time from an atomic
+ * counter: the calling thread claims chunks too and waits only for chunks another thread has
+ * claimed, never for a helper that has not started yet (a fork/join region waits for every
+ * thread of its team, which on a machine busy with other work costs a scheduler time slice,
+ * milliseconds, per call). Helpers are created on first need and then wait for work (a short
+ * spin, then a futex). One call uses the pool at a time; a concurrent call runs on its own
+ * thread alone. */
+typedef struct {
+    const QPart *parts;
+    int64_t n_parts, K, M, N, chunk;
+    const Act32 *a32;
+    const Act256 *a256;
+    void *y;
+    int y_bf16;
+    float *out;        /* [helpers + 1, M]: a row's results before they go to y */
+} Job;
+
+#define MAX_HELPERS 255
+/* products of a 32-element block (or an eighth of a super-block) and an activation row per
+ * thread, at least: ~40 us of work on an AVX2 core. A helper costs a futex wake and, on a busy
+ * machine, the chance of being preempted while it holds a chunk; below this it did not pay. */
+#define MIN_WORK 16384
+#define SPIN 20000     /* pause iterations (~0.1 ms) a helper spins before it sleeps */
+
+static struct {
+    pthread_mutex_t call;
+    Job job;                       /* written only between calls */
+    _Atomic uint64_t next;         /* [n_chunks:24][helpers:8][next chunk:32] */
+    _Atomic int64_t done;          /* chunks finished */
+    _Atomic uint32_t wake;         /* bumped for every call: the helpers' futex word */
+    int helpers;                   /* created, by process pool.pid */
+    pid_t pid;
+} pool = {.call = PTHREAD_MUTEX_INITIALIZER};
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out) {
+    int64_t base = 0;
+    for (int64_t p = 0; p < J->n_parts; p++) {
+        const QPart *P = J->parts + p;
+        const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
+        for (int64_t n = lo; n < hi; n++) {
+            row_dot(P->type, P->data + (n - base) * P->row_bytes, J->K, J->a32, J->a256, J->M, out);
+            for (int64_t m = 0; m < J->M; m++) {
+                if (J->y_bf16) ((uint16_t *)J->y)[m * J->N + n] = float_to_bf16(out[m]);
+                else ((float *)J->y)[m * J->N + n] = out[m];
+            }
+        }
+        base += P->rows;
+    }
+}
+
+/* Claim and run chunks until none is left; `slot` < 0: the caller, else helper number slot
+ * (which takes part only if the call asked for that many helpers). */
+static void run_chunks(int slot) {
+    for (;;) {
+        uint64_t c = atomic_load_explicit(&pool.next, memory_order_acquire);
+        const int64_t idx = (int64_t)(c & 0xFFFFFFFFu), helpers = (int64_t)((c >> 32) & 0xFF), n = (int64_t)(c >> 40);
+        if (idx >= n || slot >= helpers) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool.next, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        /* chunk idx is ours: the call (and so pool.job) lasts until it is done */
+        const Job *J = &pool.job;
+        const int64_t n0 = idx * J->chunk, n1 = n0 + J->chunk < J->N ? n0 + J->chunk : J->N;
+        run_rows(J, n0, n1, J->out + (slot < 0 ? helpers : slot) * J->M);
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+    }
+}
+
+static void *helper_main(void *arg) {
+    const int slot = (int)(intptr_t)arg;
+    uint32_t seen = atomic_load_explicit(&pool.wake, memory_order_acquire);
+    for (;;) {
+        uint32_t w;
+        for (int spin = 0; (w = atomic_load_explicit(&pool.wake, memory_order_acquire)) == seen; spin++) {
+            if (spin < SPIN) relax();
+            else syscall(SYS_futex, &pool.wake, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+        }
+        seen = w;
+        run_chunks(slot);
+    }
+    return NULL;
+}
+
+/* Helpers 0 .. want - 1 exist (as many as could be created); returns how many do. A forked
+ * child inherits the count but not the threads: it makes its own. (Were none made, the caller
+ * would run every chunk itself.) */
+static int ensure_helpers(int want) {
+    const pid_t pid = getpid();
+    if (pool.pid != pid) {
+        pool.pid = pid;
+        pool.helpers = 0;
+    }
+    while (pool.helpers < want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)pool.helpers);
+        pthread_attr_destroy(&attr);
+        if (rc) break;
+        pool.helpers++;
+    }
+    return pool.helpers < want ? pool.helpers : want;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* entry point                                                                               */
+
+/* y[M, N] = x[M, K] @ W^T, W = the parts stacked (N = sum of their rows). x: fp32, or bf16 if
+ * x_bf16; y likewise by y_bf16, row stride N. Up to `threads` threads (the caller and
+ * threads - 1 helpers) share the rows of W.
+ * Returns 0; -1 for bad arguments (unknown type, K not a multiple of a part's block, a row
+ * stride shorter than a row); -2 if scratch memory could not be allocated. */
+int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const void *x, int x_bf16,
+               void *y, int y_bf16, int threads) {
+    if (n_parts < 1 || K < 1 || M < 1) return -1;
+    int64_t N = 0;
+    int need32 = 0, need256 = 0;
+    for (int64_t p = 0; p < n_parts; p++) {
+        const int64_t t = parts[p].type, bs = block_bytes(t);
+        if (!bs || K % elems(t) || parts[p].rows < 0 || parts[p].row_bytes < K / elems(t) * bs || !parts[p].data)
+            return -1;
+        N += parts[p].rows;
+        need32 |= elems(t) == 32;
+        need256 |= elems(t) == 256;
+    }
+    if (N == 0) return 0;
+    /* a thread per MIN_WORK block products at most; at least 8 rows a chunk, about 16 chunks
+     * per thread */
+    const int64_t work = N * (K / 32) * M;
+    threads = threads < 1 ? 1 : threads > MAX_HELPERS + 1 ? MAX_HELPERS + 1 : threads;
+    if (threads > 1 && work / MIN_WORK < threads) threads = work / MIN_WORK > 1 ? (int)(work / MIN_WORK) : 1;
+    int64_t chunk = (N + 16 * threads - 1) / (16 * threads);
+    chunk = chunk < 8 ? 8 : chunk;
+    if (threads > 1 && (N + chunk - 1) / chunk < 2) threads = 1;
+    const int pooled = threads > 1 && pthread_mutex_trylock(&pool.call) == 0;
+    const int helpers = pooled ? ensure_helpers(threads - 1) : 0;
+
+    Act32 a32 = {0};
+    Act256 a256 = {0};
+    float *scratch = malloc(sizeof(float) * ((size_t)K + (size_t)(helpers + 1) * (size_t)M));
+    if (need32) {
+        a32.q = malloc((size_t)(M * K));
+        a32.d = malloc(sizeof(float) * M * (K / 32));
+        a32.s = malloc(sizeof(float) * M * (K / 32));
+    }
+    if (need256) {
+        a256.q = malloc((size_t)(M * K));
+        a256.d = malloc(sizeof(float) * M * (K / 256));
+        a256.bsums = malloc(sizeof(int16_t) * M * (K / 16));
+    }
+    int rc = 0;
+    if (!scratch || (need32 && (!a32.q || !a32.d || !a32.s)) || (need256 && (!a256.q || !a256.d || !a256.bsums))) {
+        rc = -2;
+        goto done;
+    }
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = (const float *)x + m * K;
+        if (x_bf16) {
+            const uint16_t *xb = (const uint16_t *)x + m * K;
+            for (int64_t k = 0; k < K; k++) scratch[k] = bf16_to_float(xb[k]);
+            xr = scratch;
+        }
+        quantize_row(xr, K, m, &a32, &a256);
+    }
+    const Job job = {parts, n_parts, K, M, N, chunk, &a32, &a256, y, y_bf16, scratch + K};
+    if (!helpers) {
+        run_rows(&job, 0, N, job.out);
+        goto done;
+    }
+    const int64_t n_chunks = (N + chunk - 1) / chunk;
+    pool.job = job;
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.next, ((uint64_t)n_chunks << 40) | ((uint64_t)helpers << 32), memory_order_release);
+    atomic_fetch_add_explicit(&pool.wake, 1, memory_order_release);
+    syscall(SYS_futex, &pool.wake, FUTEX_WAKE_PRIVATE, helpers, NULL, NULL, 0);
+    run_chunks(-1);
+    for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < n_chunks; spin++) {
+        if (spin < 64) relax();
+        else sched_yield(); /* a helper holds a chunk: let it run */
+    }
+done:
+    if (pooled) pthread_mutex_unlock(&pool.call);
+    free(scratch);
+    free(a32.q); free(a32.d); free(a32.s);
+    free(a256.q); free(a256.d); free(a256.bsums);
+    return rc;
+}
