@@ -46,6 +46,7 @@ class Paths:
     fallbacks: list[str] = field(default_factory=list)
     native_kernels: dict[str, dict] = field(default_factory=dict)  # op -> shared object (native_seam)
     native_matvec: dict | None = None  # the decoder's Q4_1 matvec from the factory (native/matvec.py)
+    kernels: dict[str, str] = field(default_factory=dict)  # op -> the kernel(s) its layers run
 
     def as_dict(self) -> dict:
         return {"cpu": self.cpu, "mask": self.mask, "torch_cpu": self.torch_cpu, "dense": self.dense,
@@ -53,7 +54,8 @@ class Paths:
                 "native_prefill": self.native_prefill, "dense_above": dict(self.dense_above),
                 "thresholds": self.thresholds, "fallbacks": list(self.fallbacks),
                 "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()},
-                "native_matvec": dict(self.native_matvec) if self.native_matvec else None}
+                "native_matvec": dict(self.native_matvec) if self.native_matvec else None,
+                "kernels": dict(self.kernels)}
 
     def summary(self) -> str:
         """One line for logs and `engine serve`."""
@@ -63,6 +65,8 @@ class Paths:
             parts.append(f"dense: {self.dense}")
         if self.q4_kernel:
             parts.append(f"q4_1 kernel: {self.q4_kernel}")
+            if set(self.kernels.values()) - {"int4pack", "int4x2"}:  # the file has other block types
+                parts.append("kernels " + ", ".join(f"{op}={k}" for op, k in self.kernels.items()))
             parts.append("dense_above " + (", ".join(f"{k}>{v}" for k, v in self.dense_above.items()) or "none"))
         if self.native:
             mv = self.native_matvec
@@ -116,7 +120,7 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     if need:
         key = cal_mod.cache_key(model_path, threads, paths.native if not paths.native_matvec
                                 else f"{paths.native}+{matvec.PROBLEM}:{paths.native_matvec['candidate']}")
-        cal = cal_mod.load_cached(key)
+        cal = cal_mod.load_cached(key, model_path)
     # Thresholds are measured for the default kernels: an engine whose config names kernels
     # uses stored ones (or the shipped defaults) and never measures, and its named kernels
     # always run (no dense copy), as with the native decoder.
@@ -124,6 +128,7 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     dense_above = _dense_above(cfg, cal, paths)
     # A calibration measures every op's dense copy; the final thresholds then drop the losers.
     model = model_cls(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None, classes)
+    paths.kernels = _kernels(model)
     if measure_now:
         log.info("measuring this machine's thresholds (first load; cached afterwards)")
         cal = cal_mod.calibrate(gg, model, lib, threads, key)
@@ -152,6 +157,13 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     return model, lib, paths
 
 
+def _kernels(model: Decoder) -> dict[str, str]:
+    """op -> the kernel its layers run (several, joined with "+", where types differ by layer)."""
+    ops = {op: [getattr(L, op) for L in model.layers] for op in ("qkv", "o", "gate_up", "down")}
+    ops["lm_head"] = [model.lm_head]
+    return {op: "+".join(sorted({type(lin.kernel).name for lin in lins})) for op, lins in ops.items()}
+
+
 def _torch_paths(cfg: EngineConfig) -> Paths:
     """The paths torch gives this config on this CPU, with the fallbacks it forces."""
     act = torch.float32 if cfg.weights == "fp32" else torch.bfloat16
@@ -168,9 +180,13 @@ def _torch_paths(cfg: EngineConfig) -> Paths:
         if check("int4pack").ok:
             paths.q4_kernel = "torch int4pack"
         else:
-            paths.q4_kernel = f"dense ({paths.dense})"
+            from .native.qlinear import loaded
+
+            native = loaded()
+            paths.q4_kernel = f"qnative ({native.isa})" if native.lib is not None else f"dense ({paths.dense})"
             paths.fallbacks.append(fallback("torch int4 kernel", check("int4pack").reason,
-                                            "dense copies of the dequantised weights"))
+                                            "the native block kernels (qnative)" if native.lib is not None
+                                            else "dense copies of the dequantised weights"))
         if cfg.kernels:
             paths.q4_kernel += " (config names: " + ", ".join(f"{k}={v}" for k, v in cfg.kernels.items()) + ")"
     return paths

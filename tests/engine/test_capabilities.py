@@ -76,8 +76,21 @@ def test_a_failing_bf16_probe_falls_back_to_sgemm_and_says_so(monkeypatch, fresh
     assert "Paris" in eng.generate("The capital of France is", max_tokens=6)[0].text
 
 
-def test_a_failing_int4_probe_runs_q4_1_on_dense_weights(monkeypatch, fresh_probes, caplog):
+def test_a_failing_int4_probe_runs_q4_1_in_its_blocks_natively_else_on_dense_weights(monkeypatch, fresh_probes,
+                                                                                      caplog):
+    from swarmfactory.engine.native import qlinear
+
     monkeypatch.setitem(capabilities.PROBES, "int4pack", lambda: Probe(False, "simulated"))
+    with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
+        eng = Engine(EngineConfig(weights="q4_1", max_batch=1, max_seq_len=64, threads=THREADS, native_decode=0,
+                                  dense_above={}))
+    assert "torch int4 kernel unavailable (simulated); using the native block kernels" in caplog.text
+    assert eng.model.layers[0].down.kernel.name == "qnative" and eng.paths.q4_kernel.startswith("qnative")
+    assert "Paris" in eng.generate("The capital of France is", max_tokens=6)[0].text
+    del eng
+    # and where no native build passes its probe either (no compiler): dense copies
+    monkeypatch.setattr(qlinear, "loaded", lambda: qlinear.Loaded(reason="simulated"))
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
         eng = Engine(EngineConfig(weights="q4_1", max_batch=1, max_seq_len=64, threads=THREADS, native_decode=0,
                                   dense_above={}))
