@@ -22,7 +22,7 @@ from .config import DEFAULT_DENSE_ABOVE, OPS, EngineConfig
 from .kernels import Dense
 from .models import model_class
 from .models.decoder import Decoder
-from .native import NativeUnavailable, load_checked, matvec
+from .native import NativeUnavailable, load_checked, matvec, unsupported
 from .native_seam import describe, resolve_all
 from .supply import KernelSupply, NoSupply
 
@@ -103,15 +103,14 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     # before the model is built (each weight is then checked as its op is built).
     classes = resolve_all(cfg.kernels, supply)
     paths.native_kernels = describe(classes)
-    arch = gg.hparams.architecture
-    model_cls = model_class(arch)
+    model_cls = model_class(gg.hparams.architecture)
     lib = None
     if cfg.native_applies():
-        if model_cls.native_decoder:
+        why = unsupported(gg, model_cls.native_decoder)
+        if why is None:
             lib = _native(cfg, paths, supply)
         else:
-            paths.fallbacks.append(fallback("native decoder", f"it computes llama models only, this is {arch}",
-                                            "torch for every step"))
+            paths.fallbacks.append(fallback("native decoder", why, "torch for every step"))
 
     threads = cfg.resolved_threads()
     need = q4 and (cfg.dense_above is None

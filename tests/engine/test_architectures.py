@@ -187,6 +187,24 @@ def test_native_decoder_is_off_with_its_reason(tmp_path_factory, arch, caplog):
     assert len(eng.generate([_prompt(5)], max_tokens=2, ignore_eos=True)[0].token_ids) == 2
 
 
+@pytest.mark.parametrize(("qtype", "overrides", "why"), [
+    (QT.Q4_K, dict(hidden_size=256, intermediate_size=512, num_hidden_layers=1, head_dim=64), "Q4_1 or Q8_0"),
+    (QT.Q4_1, dict(hidden_size=256, intermediate_size=512, num_hidden_layers=1), "head size"),
+], ids=["Q4_K", "head_dim"])
+def test_a_llama_the_native_decoder_cannot_compute_runs_on_torch_and_says_why(tmp_path_factory, qtype, overrides,
+                                                                             why, caplog):
+    """decode.c is the plain llama step on Q4_1/Q8_0 blocks: a Llama 3 in Q4_K_M, or a head size
+    that is not hidden / heads (Mistral-style), leaves it off with its reason, never wrong."""
+    path, hf, _ = _file(tmp_path_factory, "llama", qtype, **overrides)
+    with caplog.at_level(logging.WARNING, logger="swarmfactory.engine"):
+        eng = _engine(path, "q4_1", dense_above={}, max_batch=2)
+    lines = [f for f in eng.paths.fallbacks if f.startswith("native decoder")]
+    assert eng.native is None and len(lines) == 1 and why in lines[0], eng.paths.fallbacks
+    ids = _prompt(12)
+    assert (eng.score(ids) - _hf_logits(hf, ids)).abs().max() < QUANT_MAX_BOUND  # computed right, on torch
+    assert len(eng.generate([ids], max_tokens=4, ignore_eos=True)[0].token_ids) == 4
+
+
 def test_unknown_architecture_fails_in_one_line(tmp_path):
     from swarmfactory.engine import Engine, EngineConfig
     from swarmfactory.engine.gguf_loader import load_gguf

@@ -21,12 +21,37 @@ from ..kernels import Weight
 from ..kv_cache import KVCache
 from swarmfactory.layouts import ROWS
 from .isa import BASE_FLAGS, PATHS, IsaPath, path_named, runnable_paths
-from .library import (PROBE_TOLERANCE, SYMBOL, NativeUnavailable, _Mat, linear, linear_error, load_checked,
+from .library import (_TYPES, PROBE_TOLERANCE, SYMBOL, NativeUnavailable, _Mat, linear, linear_error, load_checked,
                       load_library, pack, probe, random_tensor, reference_linear, source)
 
 __all__ = ["BASE_FLAGS", "PATHS", "PROBE_TOLERANCE", "ROWS", "SYMBOL", "IsaPath", "NativeDecoder", "NativeUnavailable",
            "linear", "linear_error", "load_checked", "load_library", "pack", "path_named", "probe", "random_tensor",
-           "reference_linear", "runnable_paths", "source"]
+           "reference_linear", "runnable_paths", "source", "unsupported"]
+
+
+def unsupported(gg: GGUFModel, native_architecture: bool) -> str | None:
+    """Why decode.c cannot compute this model's step (None: it can). ``native_architecture``:
+    the architecture's decoder says decode.c computes its step (``Decoder.native_decoder``).
+    decode.c is the plain llama step: no biases, no RoPE scaling, head size = hidden / heads,
+    every linear weight Q4_1 or Q8_0 (one type per fused weight)."""
+    hp = gg.hparams
+    if not native_architecture:
+        return f"it computes llama models only, this is {hp.architecture}"
+    if hp.rope_scaling_factor != 1.0 or "rope_freqs.weight" in gg.tensors:
+        return "it has no RoPE scaling, which this model uses"
+    if hp.head_dim * hp.n_heads != hp.dim:
+        return f"it needs head size = hidden / heads ({hp.dim} / {hp.n_heads}), this model's is {hp.head_dim}"
+    if any(n.endswith(".bias") for n in gg.tensors):
+        return "it has no biases, which this model has"
+    groups = [("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",)]
+    names = [[f"blk.{i}.{t}.weight" for t in g] for i in range(hp.n_layers) for g in groups]
+    names.append(["token_embd.weight" if hp.tied_embeddings else "output.weight"])
+    for group in names:
+        types = {gg.tensor(n).qtype for n in group}
+        if len(types) != 1 or not types <= set(_TYPES):
+            got = "+".join(gg.tensor(n).qtype.name for n in group)
+            return f"it needs Q4_1 or Q8_0 weights; {'+'.join(group)} is {got}"
+    return None
 
 
 class NativeDecoder:
