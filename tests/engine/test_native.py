@@ -62,7 +62,7 @@ def test_a_path_that_fails_its_check_falls_back_and_says_so(monkeypatch, caplog)
     assert len(fallbacks) == 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def q4_engine():
     return get_engine("q4_1")
 

@@ -26,8 +26,8 @@ def ppl(logits, ids):
 
 
 @pytest.fixture(scope="module")
-def fp32_logits(fp32_engine, ppl_ids):
-    return fp32_engine.score(ppl_ids)
+def fp32_logits(ppl_ids):
+    return get_engine("fp32").score(ppl_ids)
 
 
 @pytest.mark.parametrize("weights,opts", [

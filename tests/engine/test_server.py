@@ -44,8 +44,9 @@ def test_health_and_models(server):
     paths = h["paths"]  # what runs where on this machine
     assert paths["q4_kernel"] and paths["torch_cpu"] and "thresholds" in paths
     assert paths["native"] is None or paths["native_decode"] >= 1
+    assert h["memory"]["kv_bytes"] > 0 and h["memory"]["weights_bytes"] > 0
     data = httpx.get(server.url + "/v1/models", timeout=10).json()
-    assert data["object"] == "list" and data["data"][0]["id"].startswith("SmolLM2-135M-Instruct")
+    assert data["object"] == "list" and data["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1"  # the file's stem
 
 
 def test_chat_completion(server):
@@ -89,6 +90,23 @@ def test_ignore_eos_gives_exact_length_and_stop_strings_cut(server):
                                            "ignore_eos": True, "stop": [stop]}).json()
     assert r2["choices"][0]["finish_reason"] == "stop"
     assert r2["choices"][0]["text"] == text[: text.index(stop)]
+
+
+def test_token_ids_are_returned_on_request(server):
+    req = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    plain = post(server, "/v1/completions", req).json()["choices"][0]
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+    choice = post(server, "/v1/completions", {**req, "return_token_ids": True}).json()["choices"][0]
+    assert len(choice["token_ids"]) == 6 and len(choice["prompt_token_ids"]) >= 5 and choice["text"] == plain["text"]
+    # the prompt given as those ids: the same completion
+    again = post(server, "/v1/completions", {**req, "prompt": choice["prompt_token_ids"],
+                                            "return_token_ids": True}).json()["choices"][0]
+    assert again["token_ids"] == choice["token_ids"]
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                                  "return_token_ids": True}).json()["choices"][0]
+    assert 1 <= len(chat["token_ids"]) <= 4 and chat["prompt_token_ids"]
+    r = post(server, "/v1/completions", {**req, "return_token_ids": True, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_ids"
 
 
 def test_seeded_sampling_is_reproducible(server):
