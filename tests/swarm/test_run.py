@@ -76,6 +76,10 @@ def test_a_template_that_only_breaks_leaves_the_run_healthy(tmp_path):
     assert s["status"] == "finished" and s["problems"][0]["champion"] is None
 
 
+# slow (~150 s of real runs): the kill itself is covered by tests/harness/test_lifecycle.py (the
+# parent's workers, eval mid-measurement, leftovers ended from the store) and resuming by
+# tests/test_cli_failures.py; this one shows them together on a whole run
+@pytest.mark.slow
 def test_kill_9_then_resume_loses_no_recorded_evaluation(tmp_path, process_tree):
     db = tmp_path / "e.db"
     cmd = [sys.executable, "-m", "swarmfactory.cli", "run", "--problems", "rmsnorm", "--budget", "8",

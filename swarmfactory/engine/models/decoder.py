@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..config import EngineConfig
 from ..gguf_loader import GGUFModel
-from ..kernels import Linear, Weight, build_linear
+from ..kernels import Dense, Linear, Weight, build_linear
 from ..kv_cache import KVCache, ring_positions
 from .rope import Rope
 from .step import PrefillChunk, StepInput
@@ -78,13 +78,17 @@ class Decoder:
             w = Weight([gg.tensor(n) for n in names])
             return build_linear(cfg.weights, op, w, dt, kernels.get(op), dense_above.get(op), (classes or {}).get(op))
 
-        self.embed = gg.tensor("token_embd.weight").dequantize().to(dt)
+        self.lm_head = lin("lm_head", "token_embd.weight" if hp.tied_embeddings else "output.weight")
+        head = self.lm_head.kernel
+        if hp.tied_embeddings and isinstance(head, Dense) and head.w is not None and head.w.dtype == dt:
+            self.embed = head.w  # a tied head run dense holds the embedding's very numbers: one copy
+        else:
+            self.embed = gg.tensor("token_embd.weight").dequantize().to(dt)
         mul = self.embed_scale()
         # as HF does: an fp32 scalar cast to the activation dtype
         self.embed_mul = None if mul is None else torch.tensor(mul).to(dt)
         self.layers = [self._layer(gg, lin, i) for i in range(hp.n_layers)]
         self.norm = self._norm_w(gg, "output_norm.weight")
-        self.lm_head = lin("lm_head", "token_embd.weight" if hp.tied_embeddings else "output.weight")
 
         # At least 512 positions: calibration (engine/calibrate.py) runs 256-token prompts whatever
         # max_seq_len is, and the tables are tiny.
