@@ -19,6 +19,7 @@ from the reference (harness/accuracy.py).
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from collections import OrderedDict
@@ -120,11 +121,22 @@ def case_tolerance(problem: Problem, expected: dict, inputs: dict) -> tuple[dict
     return atol, tuple(notes)
 
 
-class CaseCache:
-    """Inputs, reference outputs and tolerances per (problem, case), bounded by bytes; thread-safe."""
+def case_cache_budget() -> int:
+    """Bytes of cases a process keeps: a 48th of the machine's memory, between 256 MiB and 1 GiB
+    (512 MiB on 24 GiB). An evicted case costs its reference again when next drawn."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 16 << 30
+    return max(256 << 20, min(1 << 30, total // 48))
 
-    def __init__(self, max_bytes: int = 1 << 30):
-        self.max_bytes, self.size = max_bytes, 0
+
+class CaseCache:
+    """Inputs, reference outputs and tolerances per (problem, case), bounded by bytes
+    (``case_cache_budget``); thread-safe."""
+
+    def __init__(self, max_bytes: int | None = None):
+        self.max_bytes, self.size = case_cache_budget() if max_bytes is None else max_bytes, 0
         self.items: OrderedDict[tuple, tuple[CaseData, int]] = OrderedDict()
         self.lock = threading.Lock()
 
