@@ -3,6 +3,7 @@
     python benchmarks/engine_vs_peers.py --build-only     # make peers: build llama-server
     python benchmarks/engine_vs_peers.py                  # make bench-engine: the comparison
     python benchmarks/engine_vs_peers.py --engine-config tuned.yaml   # + a tuned engine design
+    python benchmarks/engine_vs_peers.py --model gemma.gguf           # another GGUF for every system
 
 llama-server is built from the llama.cpp sources vendored in the llama-cpp-python source
 distribution on PyPI (peers/, gitignored; about 10 minutes on two cores).
@@ -128,11 +129,15 @@ def llama_server_cmd(binary: Path | str, gguf: Path | str, port: int, threads: i
 
 
 def engine_cmd(port: int, threads: int, max_batch: int, max_seq_len: int, weights: str | None = None,
-               config: Path | str | None = None, profile: str | None = None, no_profile: bool = False) -> list[str]:
-    """``engine serve`` sized for the run. A profile sets the whole design (weights, threads,
-    batch, context), so with ``profile`` nothing else is passed; ``no_profile`` adds
-    ``--profile none`` (the untuned engine, where serve has that option)."""
+               config: Path | str | None = None, profile: str | None = None, no_profile: bool = False,
+               model: Path | str | None = None) -> list[str]:
+    """``engine serve`` of ``model`` (default: serve's own, the bundled one) sized for the run.
+    A profile sets the whole design (weights, threads, batch, context), so with ``profile``
+    nothing else but the model is passed; ``no_profile`` adds ``--profile none`` (the untuned
+    engine, where serve has that option)."""
     cmd = [sys.executable, "-m", "swarmfactory.engine_cli", "serve", "--port", str(port)]
+    if model:
+        cmd += ["--model", str(model)]
     if profile:
         return cmd + ["--profile", profile]
     if weights:
@@ -401,6 +406,8 @@ def bench_hf(gguf: Path, levels: list[int], workload: tuple[int, int], args) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=Path, default=ROOT / "peers")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="GGUF file every system runs (default: the bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--llama-isa", default="native", choices=sorted(LLAMA_ISA_FLAGS),
                     help="llama.cpp build to compare with (avx2: no AVX-512, for an emulated AVX2 machine)")
@@ -478,7 +485,9 @@ def main() -> int:
         return 0
     # the untuned engine says so where serve would otherwise pick a tuned profile by itself
     no_profile = ("engine" not in skip or args.engine_config is not None) and serve_takes_profile()
-    gguf = bundled_model_path()
+    gguf = args.model.resolve() if args.model else bundled_model_path()
+    if not gguf.is_file():
+        ap.error(f"--model: no such file: {args.model}")
     max_c = max(levels)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.out.parent
@@ -486,13 +495,13 @@ def main() -> int:
 
     host = cpu_features(mask=None)
     version = args.peers / f"llama-server{'' if args.llama_isa == 'native' else '-' + args.llama_isa}.version"
-    llama_name = f"llama.cpp (Q4_1 file, {args.llama_isa} build)"
+    llama_name = f"llama.cpp ({args.llama_isa} build)"
     results: dict = {
         "machine": {"cpu": cpu_fingerprint()["model"], "threads": args.threads, "cores": os.cpu_count(),
                     "simd": sorted(f for f in host if f.startswith(("avx", "amx", "fma", "f16c"))),
                     "mask": {k: os.environ[k] for k in (MASK_ENV, "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                                                         "MKL_ENABLE_INSTRUCTIONS") if k in os.environ}},
-        "model": gguf.name, "concurrency": levels, "rounds": args.rounds, "seed": args.seed,
+        "model": gguf.name, "model_path": str(gguf), "concurrency": levels, "rounds": args.rounds, "seed": args.seed,
         "num_prompts": args.num_prompts or "max(8, 2 x concurrency)",
         "llama_build": version.read_text().strip() if version.exists() else None,
         "llama_tune": {"on": args.llama_tune, "batches": [list(p) for p in args.llama_batches],
@@ -521,7 +530,8 @@ def main() -> int:
                     name = f"engine {fmt}" if not tuned else ("engine default" if fmt == "q4_1" else f"engine {fmt}")
                     port = free_port()
                     log(f"starting {name}")
-                    engines[name] = Proc(engine_cmd(port, args.threads, max_c, ctx, weights=fmt, no_profile=no_profile),
+                    engines[name] = Proc(engine_cmd(port, args.threads, max_c, ctx, weights=fmt, no_profile=no_profile,
+                                                    model=gguf),
                                          f"http://127.0.0.1:{port}", logs / f"engine-{fmt}-{inp}x{outp}.log")
             if tuned:
                 port = free_port()
@@ -529,7 +539,8 @@ def main() -> int:
                 msl = max(ctx, tuned_cfg.max_seq_len if tuned_cfg else 0)
                 log("starting engine tuned")
                 engines["engine tuned"] = Proc(engine_cmd(port, args.threads, mb, msl, config=args.engine_config,
-                                                          profile=args.engine_profile, no_profile=no_profile),
+                                                          profile=args.engine_profile, no_profile=no_profile,
+                                                          model=gguf),
                                                f"http://127.0.0.1:{port}", logs / f"engine-tuned-{inp}x{outp}.log")
             wres["served"] = {name: served_limits(proc.url) for name, proc in engines.items()}
             for name, got in wres["served"].items():
@@ -584,7 +595,8 @@ def table(results: dict, levels: list[int]) -> str:
     """One Markdown table per workload: a row per level and system (systems of a level adjacent)."""
     parts = []
     for key, wres in results["workloads"].items():
-        rows = [f"### {wres['input_len']} tokens in / {wres['output_len']} out (TTFT and TPOT in ms)", "",
+        model = f", {results['model']}" if results.get("model") else ""
+        rows = [f"### {wres['input_len']} tokens in / {wres['output_len']} out{model} (TTFT and TPOT in ms)", "",
                 "| c | system | tok/s | TTFT median | TTFT p99 | TPOT median | TPOT p99 | errors | load | "
                 "others' CPU |",
                 "|---|---|---|---|---|---|---|---|---|---|"]

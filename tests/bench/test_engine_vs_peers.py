@@ -66,6 +66,8 @@ def test_engine_cmd_sizes_the_engine_for_the_run():
     assert "--weights" not in cmd
     plain = bench.engine_cmd(9000, 2, 4, 272, weights="bf16")
     assert _flag(plain, "--weights") == "bf16" and "--config" not in plain and "--profile" not in plain
+    assert "--model" not in plain  # serve's own default: the bundled model
+    assert _flag(bench.engine_cmd(9000, 2, 4, 272, weights="q4_1", model="m.gguf"), "--model") == "m.gguf"
     assert bench.seq_ctx(1024, 128) >= 1024 + 128
 
 
@@ -100,6 +102,8 @@ def test_table_has_a_section_per_workload_with_p99():
     assert "| 4 | engine q4_1 | 100.0 | 50 | 90 | 10.0 | n/a |" in out
     assert "| 1 |" not in out  # no row for a level nobody measured
     assert "batch sizes kept" not in out
+    results["model"] = "gemma3-270m-Q4_K_M.gguf"
+    assert "### 128 tokens in / 128 out, gemma3-270m-Q4_K_M.gguf (TTFT and TPOT in ms)" in bench.table(results, [4])
     llama = dict(lv, llama_batch=512, llama_ubatch=128)
     results["workloads"]["128x128"]["systems"] = {"llama (round 1)": [llama], "llama (round 2)": [llama]}
     assert bench.table(results, [4]).count("batch sizes kept: c=4: -b 512 -ub 128\n") == 1
