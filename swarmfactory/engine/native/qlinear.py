@@ -298,16 +298,19 @@ def reset() -> None:
 
 def default_for(weights: str, weight: Weight) -> str | None:
     """``"qnative"`` where the engine keeps weights quantised (``weights`` q4_1) and torch's int4
-    kernels cannot run this weight (a type other than Q4_1 or Q8_0, mixed types, or int4pack
-    failing its probe here), every part is of ``QTYPES`` and this machine has a checked build;
-    else None (``kernels.default_kernel`` decides as before: dense where nothing else runs)."""
+    kernel does not run this weight (any type but Q4_1, mixed types, or int4pack failing its
+    probe here), every part is of ``QTYPES`` and this machine has a checked build; else None
+    (``kernels.default_kernel`` decides as before: dense where nothing else runs). Q8_0 runs
+    here rather than as torch's two int4 planes (int4x2): 2.5-3.9x faster at 1-64 rows on an
+    AVX2 core (benchmarks/qlinear.py), which for a 262k-token Q8_0 output head (Gemma 3) is most
+    of a decode step."""
     from ..capabilities import check as capability
 
     if weights != "q4_1" or not weight.qtypes <= QTYPES:
         return None
     if any(p.cols % (256 if p.qtype in K_QUANTS else 32) for p in weight.parts):
         return None
-    if capability("int4pack").ok and (weight.qtypes == {QT.Q4_1} or weight.qtypes == {QT.Q8_0}):
+    if capability("int4pack").ok and weight.qtypes == {QT.Q4_1}:
         return None
     return "qnative" if loaded().lib is not None else None
 
