@@ -3,8 +3,8 @@ official openai client, and in fp32 its greedy tokens after a prompt longer than
 sliding window are HF transformers' fp32 Gemma3's, read from the same GGUF.
 
 One fp32 server serves every test but the last, which starts the default (q4_1) one. The reference
-runs in a subprocess (it takes about a minute and 3 GB to read the file; freed when it ends),
-started first so that it loads while the server does and the client tests run. The file takes
+runs in a subprocess (it takes about a minute and 3 GB to read the file), first and alone: it has
+ended before the server starts, so the two never hold their memory at once. The file takes
 about 95 s (2 minutes on a machine's first run, which calibrates the q4_1 thresholds).
 """
 
@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from importlib.resources import files
 
 import pytest
@@ -56,17 +55,24 @@ print(json.dumps(out), flush=True)
 """
 
 
+def _prompt_text() -> str:
+    return files("swarmfactory.engine").joinpath("data/ppl_text.txt").read_text() + MORE
+
+
 @pytest.fixture(scope="module")
 def reference(gemma_path):
-    """The HF subprocess, loading; it reads one line of prompt ids and prints its greedy tokens."""
-    err = tempfile.TemporaryFile("w+")
+    """(prompt ids, transformers' greedy tokens after them): the prompt tokenized by the engine's
+    tokenizer (equal to transformers', test_tokenizers.py), the tokens from the HF subprocess,
+    which has ended (and freed its ~3 GB) before the server starts."""
+    from swarmfactory.engine.gguf_loader import load_gguf
+    from swarmfactory.engine.tokenizer import Tokenizer
+
+    ids = Tokenizer(load_gguf(gemma_path).metadata).encode(_prompt_text())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", REFERENCE, str(gemma_path), str(NEW), str(THREADS)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    yield proc, err
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    done = subprocess.run([sys.executable, "-c", REFERENCE, str(gemma_path), str(NEW), str(THREADS)],
+                          input=json.dumps(ids) + "\n", capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return ids, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +114,9 @@ def test_a_streamed_completion_gives_the_same_greedy_text(client):
 
 
 def test_fp32_greedy_tokens_past_the_sliding_window_are_transformers(client, reference):
-    text = files("swarmfactory.engine").joinpath("data/ppl_text.txt").read_text() + MORE
     extra = {"ignore_eos": True, "return_token_ids": True}
-    out = client.completions.create(model=SERVED, prompt=text, max_tokens=NEW, temperature=0, extra_body=extra)
+    out = client.completions.create(model=SERVED, prompt=_prompt_text(), max_tokens=NEW, temperature=0,
+                                    extra_body=extra)
     choice = out.choices[0]
     prompt_ids, tokens = choice.prompt_token_ids, choice.token_ids
     assert len(prompt_ids) > WINDOW + 64 and len(tokens) == NEW
@@ -118,16 +124,9 @@ def test_fp32_greedy_tokens_past_the_sliding_window_are_transformers(client, ref
     again = client.completions.create(model=SERVED, prompt=prompt_ids, max_tokens=NEW, temperature=0,
                                       extra_body=extra).choices[0]
     assert again.prompt_token_ids == prompt_ids and again.token_ids == tokens and again.text == choice.text
-
-    proc, err = reference  # the reference reads the server's prompt ids: both sides see the same tokens
-    try:
-        got, _ = proc.communicate(json.dumps(prompt_ids) + "\n", timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("the transformers reference did not answer in 10 minutes")
-    err.seek(0)
-    assert proc.returncode == 0, err.read()[-3000:]
-    assert json.loads(got.strip().splitlines()[-1]) == tokens, choice.text
+    ref_ids, ref_tokens = reference  # both sides saw the same prompt tokens
+    assert prompt_ids == ref_ids
+    assert tokens == ref_tokens, choice.text
 
 
 def test_the_memory_estimate_adds_up_and_matches_the_server_process(server):
@@ -161,11 +160,14 @@ def test_bench_asks_for_the_model_by_its_file(server, gemma_path, model_path):
     assert wrong.returncode == 2 and f"serves {SERVED}, not {model_path.name}" in wrong.stderr, wrong.stderr
 
 
-def test_the_default_weights_serve_gemma(gemma_path):
+def test_the_default_weights_serve_gemma(gemma_path, server):
     """q4_1, the default: Gemma's Q8_0 tensors on torch's int4 kernel, its other block types on
     ``qnative``, thresholds calibrated at the machine's first load of this file (36 s for the
-    test, 13 s once the calibration is cached by the file's content)."""
+    test, 13 s once the calibration is cached by the file's content). The fp32 server is stopped
+    first: one Gemma server at a time."""
     from openai import OpenAI
+
+    server.stop()
 
     s = Server("--max-batch", "2", "--max-seq-len", "1024", model=gemma_path, wait=False)
     try:

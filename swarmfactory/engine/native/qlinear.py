@@ -300,17 +300,18 @@ def default_for(weights: str, weight: Weight) -> str | None:
     """``"qnative"`` where the engine keeps weights quantised (``weights`` q4_1) and torch's int4
     kernel does not run this weight (any type but Q4_1, mixed types, or int4pack failing its
     probe here), every part is of ``QTYPES`` and this machine has a checked build; else None
-    (``kernels.default_kernel`` decides as before: dense where nothing else runs). Q8_0 runs
-    here rather than as torch's two int4 planes (int4x2): 2.5-3.9x faster at 1-64 rows on an
-    AVX2 core (benchmarks/qlinear.py), which for a 262k-token Q8_0 output head (Gemma 3) is most
-    of a decode step."""
+    (``kernels.default_kernel`` decides as before: dense where nothing else runs). A Q8_0
+    weight stays on torch's two int4 planes (int4x2, bf16 activations), although this kernel
+    runs it 2.5-3.9x faster at 1-64 rows on an AVX2 core (benchmarks/qlinear.py): on the output
+    head, its 8-bit activations flipped near-tied greedy tokens that int4x2 keeps (a top-two gap
+    of 0.375 on SmolLM2). ``--kernel lm_head=qnative`` opts in."""
     from ..capabilities import check as capability
 
     if weights != "q4_1" or not weight.qtypes <= QTYPES:
         return None
     if any(p.cols % (256 if p.qtype in K_QUANTS else 32) for p in weight.parts):
         return None
-    if capability("int4pack").ok and weight.qtypes == {QT.Q4_1}:
+    if capability("int4pack").ok and (weight.qtypes == {QT.Q4_1} or weight.qtypes == {QT.Q8_0}):
         return None
     return "qnative" if loaded().lib is not None else None
 
