@@ -140,23 +140,29 @@ def load_checked(paths: list[IsaPath] | None = None):
     """The best path that builds and passes ``probe``, falling back down the list with one log
     line per path that failed. Returns (lib, path, fallbacks); raises NativeUnavailable when
     none works."""
+    return first_passing("native decoder", runnable_paths() if paths is None else paths, load_library, probe)
+
+
+def first_passing(what: str, paths: list[IsaPath], load, probe):
+    """The first of ``paths`` whose library ``load(path)`` builds and ``probe(lib)`` passes (None),
+    with one log line naming ``what`` for each that did not: (lib, path, fallbacks). Raises
+    NativeUnavailable when none works, or at once where there is no C compiler."""
     from swarmfactory.backends.c import CBackend
 
-    paths = runnable_paths() if paths is None else paths
     backend = CBackend()
     if backend.versions()["cc_version"] == "missing":
-        raise NativeUnavailable(f"native decoder did not build: C compiler {backend.cc!r} not found "
+        raise NativeUnavailable(f"{what} did not build: C compiler {backend.cc!r} not found "
                                 "(install gcc or set CC)")
     fallbacks: list[str] = []
     for path in paths:
         try:
-            lib = load_library(path)
+            lib = load(path)
             bad = probe(lib)
         except NativeUnavailable as e:
             bad = str(e)
         if bad is None:
             return lib, path, fallbacks
-        msg = f"native decoder: {path.name} path failed its check ({bad})"
+        msg = f"{what}: {path.name} path failed its check ({bad})"
         fallbacks.append(msg)
         log.warning("%s; trying the next path", msg)
     raise NativeUnavailable("; ".join(fallbacks) or "no native ISA path runs on this CPU")

@@ -31,7 +31,7 @@ from ..gguf_loader import QuantTensor
 from ..kernels import KernelError, LinearKernel, Weight, register_kernel
 from .isa import BASE_FLAGS, IsaPath, path_named
 from .isa import PATHS as DECODER_PATHS
-from .library import NativeUnavailable
+from .library import NativeUnavailable, first_passing
 
 SYMBOL = "sf_qlinear"
 QTYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K})
@@ -248,24 +248,7 @@ def load_checked(paths: list[IsaPath] | None = None):
     """The first of ``paths`` (default: those this CPU runs) that builds and passes ``probe``,
     with one log line for each that did not. Returns (lib, path, fallbacks); raises
     NativeUnavailable when none works."""
-    from swarmfactory.backends.c import CBackend
-
-    paths = runnable_paths() if paths is None else paths
-    if CBackend().versions()["cc_version"] == "missing":
-        raise NativeUnavailable("native linear kernel did not build: C compiler not found (install gcc or set CC)")
-    fallbacks: list[str] = []
-    for path in paths:
-        try:
-            lib = load_library(path)
-            bad = probe(lib)
-        except NativeUnavailable as e:
-            bad = str(e)
-        if bad is None:
-            return lib, path, fallbacks
-        msg = f"native linear kernel: {path.name} path failed its check ({bad})"
-        fallbacks.append(msg)
-        log.warning("%s; trying the next path", msg)
-    raise NativeUnavailable("; ".join(fallbacks) or "no native ISA path runs on this CPU")
+    return first_passing("native linear kernel", runnable_paths() if paths is None else paths, load_library, probe)
 
 
 @dataclass(frozen=True)
