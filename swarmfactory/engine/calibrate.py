@@ -214,7 +214,7 @@ def _prompt_step(n: int) -> StepInput:
 def measure_native(gg, model: Decoder, lib, threads: int, deadline: float, timings: dict,
                    incomplete: list) -> tuple[int, int]:
     """(native_decode, native_prefill) against the torch model as it is now configured."""
-    from .native import NativeDecoder
+    from .native import build_decoder
 
     hp = model.hp
     n_pos = model.cos.shape[0]  # positions the model has RoPE tables for (a tiny context)
@@ -227,7 +227,7 @@ def measure_native(gg, model: Decoder, lib, threads: int, deadline: float, timin
     prompts = tuple(p for p in PROMPT if p <= n_pos)
     for kv, points, step_of, name in ((kv_d, DECODE, lambda b: _decode_step(b, decode_pos), "decode"),
                                       (kv_p, prompts, _prompt_step, "prefill")):
-        nat = NativeDecoder(gg, kv, max(points, default=1) if name == "decode" else 1, threads, lib,
+        nat = build_decoder(lib, gg, model, kv, max(points, default=1) if name == "decode" else 1, threads,
                             max_prompt=max(points, default=0) if name == "prefill" else 0)
         wins, done, margin = [], [], 1.0
         deadline_here = time.perf_counter() + (deadline - time.perf_counter()) * (0.5 if name == "decode" else 1.0)
@@ -285,19 +285,26 @@ def run(cfg, budget_s: float = BUDGET_S) -> Calibration:
     ``swarmfactory engine calibrate`` does), replacing any cached ones."""
     from .gguf_loader import load_gguf, resolve_model_path
     from .native import NativeUnavailable, load_checked, unsupported
+    from .native.qlinear import loaded
+    from .native.qstep import BlockLibrary
+    from .native.qstep import unsupported as blocks_unsupported
 
     path = resolve_model_path(cfg.model)
     gg = load_gguf(path)
     lib, isa = None, None
-    if unsupported(gg, model_class(gg.hparams.architecture).native_decoder) is None:
+    model_cls = model_class(gg.hparams.architecture)
+    if unsupported(gg, model_cls.native_decoder) is None:
         try:
-            lib, isa = load_checked()[:2]
+            lib, isa_path = load_checked()[:2]
+            isa = isa_path.name
         except NativeUnavailable:
             pass
+    elif blocks_unsupported(gg, model_cls) is None and loaded().lib is not None:
+        lib, isa = BlockLibrary(loaded()), f"blocks-{loaded().isa}"
     threads = cfg.resolved_threads()
     torch.set_num_threads(threads)
     model = build(gg, cfg, {op: 0 for op in OPS})
-    key = cache_key(path, threads, isa.name if isa else None)
+    key = cache_key(path, threads, isa)
     cal = calibrate(gg, model, lib, threads, key, budget_s)
     save(cal)
     return cal

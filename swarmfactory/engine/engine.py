@@ -12,7 +12,7 @@ from .config import EngineConfig
 from .gguf_loader import load_gguf, resolve_model_path
 from .model_runner import ModelRunner
 from .models.step import PrefillChunk, StepInput, offset_causal_mask
-from .native import NativeDecoder
+from .native import build_decoder
 from .paths import plan
 from .sampler import sample
 from .scheduler import Scheduler
@@ -68,8 +68,8 @@ class Engine:
         self.kv = self.model.new_cache(config.max_batch, self.max_seq_len)
         self.native = None
         if lib is not None:
-            self.native = NativeDecoder(gg, self.kv, self.paths.native_decode, config.resolved_threads(), lib,
-                                        max_prompt=self.paths.native_prefill)
+            self.native = build_decoder(lib, gg, self.model, self.kv, self.paths.native_decode,
+                                        config.resolved_threads(), max_prompt=self.paths.native_prefill)
         self.scheduler = Scheduler(self.kv, config.max_batch, config.prefill_chunk)
         self.runner = ModelRunner(self.model, self.kv, self.native)
         self.model_id = model_file.model_id(self.model_path)  # what the server serves it as

@@ -107,10 +107,7 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     lib = None
     if cfg.native_applies():
         why = unsupported(gg, model_cls.native_decoder)
-        if why is None:
-            lib = _native(cfg, paths, supply)
-        else:
-            paths.fallbacks.append(fallback("native decoder", why, "torch for every step"))
+        lib = _native(cfg, paths, supply) if why is None else _blocks(cfg, gg, model_cls, paths, why)
 
     threads = cfg.resolved_threads()
     need = q4 and (cfg.dense_above is None
@@ -208,6 +205,27 @@ def _native(cfg: EngineConfig, paths: Paths, supply: KernelSupply | None):
         lib = matvec.load(mv, isa, (supply or NoSupply()).on_wrong)
         paths.native_matvec = matvec.describe(mv)
     return lib
+
+
+def _blocks(cfg: EngineConfig, gg, model_cls, paths: Paths, why: str):
+    """The native block step (``native/qstep.c``) where decode.c cannot compute the model
+    (``why``): a ``BlockLibrary``, or None with one fallback line saying why neither runs."""
+    from .native.qlinear import loaded
+    from .native.qstep import BlockLibrary
+    from .native.qstep import unsupported as blocks_unsupported
+
+    why_blocks = ("the config names a factory matvec for decode.c (native_matvec)" if cfg.native_matvec
+                  else blocks_unsupported(gg, model_cls))
+    got = loaded() if why_blocks is None else None
+    if got is not None and got.lib is None:
+        why_blocks = got.reason
+    if why_blocks is not None:
+        paths.fallbacks.append(fallback("native decoder", f"{why}; the native block step: {why_blocks}",
+                                        "torch for every step"))
+        return None
+    log.info("native decoder: decode.c does not apply (%s); the native block step computes this model", why)
+    paths.native = f"blocks-{got.isa}"
+    return BlockLibrary(got)
 
 
 def _dense_above(cfg: EngineConfig, cal, paths: Paths) -> dict[str, int]:

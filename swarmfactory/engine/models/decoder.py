@@ -15,7 +15,10 @@ subclass in a module of its own (``models/ARCH.py``) that sets what differs:
 - ``rope_sets()`` / ``layer_rope(i)``: the RoPE frequency sets and the one layer i uses;
 - ``layer_window(i)``: how many positions (its own included) a query of layer i sees (None: all);
 - ``attention_scale()``;
-- ``native_decoder``: whether ``engine/native`` computes this architecture's step.
+- ``activation_name``: ``activation``'s name for the native block step (``silu``, ``gelu_tanh``);
+- ``native_decoder``: whether decode.c computes this architecture's step (the plain llama step);
+- ``block_step``: whether the native block step (``native/qstep.c``) computes it: true for any
+  architecture that only sets the hooks above; one that overrides ``forward`` sets it False.
 
 q, k and v biases are added wherever the file has them. RMSNorm weights are used as stored: a
 norm written as ``x * (1 + w)`` (Gemma) is stored by llama.cpp's converter as ``w + 1``.
@@ -53,7 +56,9 @@ class Decoder:
     qk_norm = False
     sandwich_norms = False
     activation = staticmethod(F.silu)
+    activation_name = "silu"
     native_decoder = False
+    block_step = True
 
     def __init__(self, gg: GGUFModel, cfg: EngineConfig, dense_above: dict[str, int] | None = None,
                  classes: dict | None = None):

@@ -26,6 +26,7 @@ class Gemma3(Decoder):
     qk_norm = True
     sandwich_norms = True
     activation = staticmethod(functools.partial(F.gelu, approximate="tanh"))
+    activation_name = "gelu_tanh"
 
     def embed_scale(self) -> float:
         return self.hp.dim**0.5

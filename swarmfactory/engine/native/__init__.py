@@ -24,7 +24,7 @@ from .isa import BASE_FLAGS, PATHS, IsaPath, path_named, runnable_paths
 from .library import (_TYPES, PROBE_TOLERANCE, SYMBOL, NativeUnavailable, _Mat, linear, linear_error, load_checked,
                       load_library, pack, probe, random_tensor, reference_linear, source)
 
-__all__ = ["BASE_FLAGS", "PATHS", "PROBE_TOLERANCE", "ROWS", "SYMBOL", "IsaPath", "NativeDecoder", "NativeUnavailable",
+__all__ = ["BASE_FLAGS", "PATHS", "PROBE_TOLERANCE", "ROWS", "SYMBOL", "IsaPath", "NativeDecoder", "NativeUnavailable", "build_decoder",
            "linear", "linear_error", "load_checked", "load_library", "pack", "path_named", "probe", "random_tensor",
            "reference_linear", "runnable_paths", "source", "unsupported"]
 
@@ -52,6 +52,17 @@ def unsupported(gg: GGUFModel, native_architecture: bool) -> str | None:
             got = "+".join(gg.tensor(n).qtype.name for n in group)
             return f"it needs Q4_1 or Q8_0 weights; {'+'.join(group)} is {got}"
     return None
+
+
+def build_decoder(lib, gg: GGUFModel, model, kv: KVCache, max_batch: int, threads: int, max_prompt: int = 0):
+    """The native step ``lib`` stands for (``paths.plan``): decode.c's ``NativeDecoder``, or the
+    block step's ``BlockDecoder`` for a ``qstep.BlockLibrary`` (which also reads ``model``, the
+    engine's torch decoder of the same file)."""
+    from .qstep import BlockDecoder, BlockLibrary
+
+    if isinstance(lib, BlockLibrary):
+        return BlockDecoder(gg, model, kv, max_batch, threads, lib, max_prompt=max_prompt)
+    return NativeDecoder(gg, kv, max_batch, threads, lib, max_prompt=max_prompt)
 
 
 class NativeDecoder:

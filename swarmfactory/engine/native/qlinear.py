@@ -65,7 +65,10 @@ class _Part(ctypes.Structure):
 
 
 def source() -> str:
-    return files(__package__).joinpath("qlinear.c").read_text()
+    """qlinear.c with the block step (qstep.c, which calls its kernels) after it: one library."""
+    here = files(__package__)
+    return (here.joinpath("qlinear.c").read_text() + '\n#line 1 "qstep.c"\n'
+            + here.joinpath("qstep.c").read_text())
 
 
 def load_library(path: IsaPath | tuple[str, ...]):
@@ -84,6 +87,14 @@ def load_library(path: IsaPath | tuple[str, ...]):
     lib.sf_qlinear.restype = c_int
     lib.sf_qlinear.argtypes = [p, i64, i64, i64, p, c_int, p, c_int, c_int]
     lib.sf_qlinear_isa.restype = ctypes.c_char_p
+    f32 = ctypes.c_float  # the block step (qstep.c, native/qstep.py)
+    lib.sf_qstep_new.restype = p
+    lib.sf_qstep_new.argtypes = [i64, i64, i64, i64, i64, i64, i64, f32, f32, c_int, i64, i64, i64, i64, p, p, p,
+                                 p, p, c_int]
+    lib.sf_qstep.restype = c_int
+    lib.sf_qstep.argtypes = [p, i64, p, p, p, i64, p, p]
+    lib.sf_qstep_free.restype = None
+    lib.sf_qstep_free.argtypes = [p]
     return lib
 
 

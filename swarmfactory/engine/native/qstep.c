@@ -1,0 +1,350 @@
+/* A whole engine step of a decoder-only model on GGUF block weights, in one C call.
+ *
+ * Built as the tail of qlinear.c (qstep.py joins the two sources): the matrix products are
+ * qlinear.c's (row_dot on the stored blocks of any of its types, activations quantised to 8
+ * bits per call by its quantize_row, so every product has qlinear's numerics and error bound),
+ * and this file adds the rest of a step, as engine/models/decoder.py computes it: RMSNorm,
+ * q|k|v (+ biases), per-head q/k RMSNorm, RoPE from the model's own tables, the KV-cache write
+ * (a ring for sliding-window layers), grouped-query attention over the cache (a window where the
+ * layer has one), the output projection, RMSNorm of the attention and FFN outputs (Gemma's
+ * sandwich norms), the gated FFN (SiLU or GELU-tanh), residuals, the final norm and the head.
+ * Where decode.c computes the plain llama step on its own packed Q4_1/Q8_0 layout, this one
+ * covers what the architecture hooks of decoder.py describe (llama, qwen2, qwen3, gemma3) on
+ * every block type qlinear runs.
+ *
+ * One OpenMP region per step with a barrier between phases: the rows of each weight are split
+ * statically between the threads, attention by (row, head). Rows are (slot, position, token):
+ * decode tokens and prompt tokens alike. Every row's K/V is written before any row attends, and
+ * a row attends to its own position and those before it (within its layer's window), so the
+ * prompt tokens of one sequence in one call get causal attention.
+ *
+ * Batch invariance: each output element is computed by one thread with the same operations
+ * whatever the batch, the thread count or the other rows (row_dot is per weight row; the small
+ * ops are per row).
+ */
+
+#include <omp.h>
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+/* One weight: its parts stacked along the output (qlinear's QPart), and an optional bias. */
+typedef struct {
+    const QPart *parts;
+    int64_t n_parts, rows, cols;
+    const float *bias; /* [rows] or NULL */
+} QMat;
+
+/* Per layer: the norms (NULL where the architecture has none), its window and RoPE set. */
+typedef struct {
+    const float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm; /* [dim] */
+    const float *q_norm, *k_norm;                                       /* [head_dim] */
+    int64_t window;   /* positions a query sees, its own included; 0: all */
+    int64_t capacity; /* positions its cache keeps per slot (< max_len: a ring, p at p % capacity) */
+    int64_t rope;     /* which RoPE table set */
+    float *kv;        /* [2, slots, n_kv, capacity, head_dim] fp32 */
+} QLayer;
+
+typedef struct {
+    int64_t n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len, n_pos;
+    float eps, scale;
+    int act, threads;
+    const QMat *mats;      /* 4 per layer (qkv, o, gate|up, down), then the head */
+    const QLayer *layers;
+    const float *out_norm; /* [dim] */
+    const float *cos, *sin; /* [n_rope_sets, n_pos, head_dim]: x*cos + rotate_half(x)*sin (signed) */
+    /* scratch */
+    float *x, *h, *qkv, *att, *gu, *ff, *tmp, *scores;
+    int64_t kmax;
+    Act32 a32;
+    Act256 a256;
+} QModel;
+
+/* ---------------------------------------------------------------------------------------- */
+
+static void q_rms_norm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    if (w)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * r;
+}
+
+/* exp(x) as 2^n * p(r) (Cephes' polynomial), |rel err| < 2e-7 on [-87, 88]; plain arithmetic
+ * so that loops over it vectorise. */
+static inline float q_exp(float x) {
+    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+    const float n = nearbyintf(x * 1.44269504f);
+    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.98756912e-4f;
+    p = p * r + 1.39819994e-3f;
+    p = p * r + 8.33345205e-3f;
+    p = p * r + 4.16657962e-2f;
+    p = p * r + 1.66666657e-1f;
+    p = p * r + 5.0e-1f;
+    p = p * r * r + r + 1.f;
+    union { float f; int32_t i; } u = {p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+/* gate activation times up, one row of n */
+static void gated(int act, const float *g, const float *u, float *f, int64_t n) {
+    if (act == ACT_GELU_TANH) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            const float x = g[i], z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            /* tanh(z) = 1 - 2 / (exp(2z) + 1), exact at both ends (exp saturates) */
+            const float t = 1.f - 2.f / (q_exp(2.f * z) + 1.f);
+            f[i] = 0.5f * x * (1.f + t) * u[i];
+        }
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) f[i] = g[i] / (1.f + q_exp(-g[i])) * u[i];
+    }
+}
+
+/* This thread's share of y[M, rows] = act @ W^T (+ bias), rows split evenly, then a barrier.
+ * The activations were quantised by q_quantize for W's cols. */
+static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_t ldy) {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t n0 = W->rows * t / nt, n1 = W->rows * (t + 1) / nt;
+    float *out = Q->tmp + (int64_t)t * Q->max_b;
+    int64_t base = 0;
+    for (int64_t p = 0; p < W->n_parts; p++) {
+        const QPart *P = W->parts + p;
+        const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
+        for (int64_t n = lo; n < hi; n++) {
+            row_dot(P->type, P->data + (n - base) * P->row_bytes, W->cols, &Q->a32, &Q->a256, M, out);
+            const float b = W->bias ? W->bias[n] : 0.f;
+            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = out[m] + b;
+        }
+        base += P->rows;
+    }
+#pragma omp barrier
+}
+
+/* row m of the activations for a weight of K columns (both block sizes where K allows) */
+static void q_quantize(QModel *Q, const float *x, int64_t K, int64_t m) {
+    Act32 a32 = Q->a32;
+    Act256 a256 = Q->a256;
+    if (K % 256) a256.q = NULL;
+    quantize_row(x, K, m, &a32, &a256);
+}
+
+/* rotate-half RoPE of one head in place from a table row: x*c + [x_hi, x_lo]*s */
+static void q_rope(float *x, const float *c, const float *s, int64_t D) {
+    const int64_t h = D / 2;
+    for (int64_t i = 0; i < h; i++) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a * c[i] + b * s[i];
+        x[i + h] = b * c[i + h] + a * s[i + h];
+    }
+}
+
+/* One query head against positions lo..p of its cache (entry t % cap), out[D]. */
+static void q_attend(const float *q, const float *k, const float *v, int64_t lo, int64_t p, int64_t cap,
+                     int64_t D, float scale, float *scores, float *out) {
+    const int64_t len = p - lo + 1;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < len; j++) {
+        const float *kt = k + ((lo + j) % cap) * D;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < D; i++) s += q[i] * kt[i];
+        s *= scale;
+        scores[j] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < len; j++) {
+        const float e = q_exp(scores[j] - mx);
+        scores[j] = e;
+        sum += e;
+    }
+    for (int64_t i = 0; i < D; i++) out[i] = 0.f;
+    for (int64_t j = 0; j < len; j++) {
+        const float w = scores[j];
+        const float *vt = v + ((lo + j) % cap) * D;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) out[i] += w * vt[i];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < D; i++) out[i] *= inv;
+}
+
+static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
+                   int64_t n_out, const int64_t *out_rows, float *logits) {
+    const int64_t D = Q->head_dim, H = Q->n_heads, KV = Q->n_kv, dim = Q->dim, F = Q->ffn;
+    const int64_t G = H / KV, QKV = (H + 2 * KV) * D, ATT = H * D, S = Q->slots;
+    memcpy(Q->x, x_in, sizeof(float) * B * dim);
+#pragma omp parallel num_threads(Q->threads)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        float *scores = Q->scores + (int64_t)tid * Q->max_len;
+        for (int64_t l = 0; l < Q->n_layers; l++) {
+            const QMat *W = Q->mats + 4 * l;
+            const QLayer *L = Q->layers + l;
+            const int64_t cap = L->capacity;
+            const float *cos = Q->cos + L->rope * Q->n_pos * D, *sin = Q->sin + L->rope * Q->n_pos * D;
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) {
+                q_rms_norm(Q->x + b * dim, L->attn_norm, Q->h + b * dim, dim, Q->eps);
+                q_quantize(Q, Q->h + b * dim, dim, b);
+            }
+            q_matmul(Q, &W[0], B, Q->qkv, QKV);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) {
+                float *row = Q->qkv + b * QKV;
+                for (int64_t hh = 0; hh < H + KV; hh++) {
+                    float *x = row + hh * D;
+                    if (L->q_norm) q_rms_norm(x, hh < H ? L->q_norm : L->k_norm, x, D, Q->eps);
+                    q_rope(x, cos + pos[b] * D, sin + pos[b] * D, D);
+                }
+                for (int64_t p = 0; p < 2; p++)
+                    for (int64_t g = 0; g < KV; g++)
+                        memcpy(L->kv + (((p * S + slot[b]) * KV + g) * cap + pos[b] % cap) * D,
+                               row + (H + p * KV + g) * D, sizeof(float) * D);
+            }
+            for (int64_t task = tid; task < B * H; task += nt) {
+                const int64_t b = task / H, hh = task % H, g = hh / G, p = pos[b];
+                const int64_t lo = L->window && p + 1 > L->window ? p + 1 - L->window : 0;
+                const float *k = L->kv + ((0 * S + slot[b]) * KV + g) * cap * D;
+                const float *v = L->kv + ((1 * S + slot[b]) * KV + g) * cap * D;
+                q_attend(Q->qkv + b * QKV + hh * D, k, v, lo, p, cap, D, Q->scale, scores, Q->att + b * ATT + hh * D);
+            }
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) q_quantize(Q, Q->att + b * ATT, ATT, b);
+            q_matmul(Q, &W[1], B, Q->h, dim);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) {
+                float *x = Q->x + b * dim, *a = Q->h + b * dim;
+                if (L->post_attn_norm) q_rms_norm(a, L->post_attn_norm, a, dim, Q->eps);
+                for (int64_t i = 0; i < dim; i++) x[i] += a[i];
+                q_rms_norm(x, L->ffn_norm, a, dim, Q->eps);
+                q_quantize(Q, a, dim, b);
+            }
+            q_matmul(Q, &W[2], B, Q->gu, 2 * F);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) {
+                const float *g = Q->gu + b * 2 * F;
+                gated(Q->act, g, g + F, Q->ff + b * F, F);
+                q_quantize(Q, Q->ff + b * F, F, b);
+            }
+            q_matmul(Q, &W[3], B, Q->h, dim);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) {
+                float *x = Q->x + b * dim, *y = Q->h + b * dim;
+                if (L->post_ffn_norm) q_rms_norm(y, L->post_ffn_norm, y, dim, Q->eps);
+                for (int64_t i = 0; i < dim; i++) x[i] += y[i];
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_out; i++) {
+            q_rms_norm(Q->x + out_rows[i] * dim, Q->out_norm, Q->h + i * dim, dim, Q->eps);
+            q_quantize(Q, Q->h + i * dim, dim, i);
+        }
+        if (n_out) q_matmul(Q, &Q->mats[4 * Q->n_layers], n_out, logits, Q->vocab);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* API                                                                                       */
+
+void sf_qstep_free(QModel *Q) {
+    if (!Q) return;
+    free(Q->x); free(Q->h); free(Q->qkv); free(Q->att); free(Q->gu); free(Q->ff); free(Q->tmp);
+    free(Q->scores);
+    free(Q->a32.q); free(Q->a32.d); free(Q->a32.s);
+    free(Q->a256.q); free(Q->a256.d); free(Q->a256.bsums);
+    free(Q);
+}
+
+/* The model's arrays (mats, layers and what they point to, out_norm, cos, sin) must outlive it
+ * (qstep.py keeps them). Returns NULL for dimensions it cannot run (a weight's columns not a
+ * multiple of its blocks, a weight of the wrong size, an odd head size, heads not a multiple of
+ * kv heads, a RoPE table shorter than max_len) or when memory runs out. */
+QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv, int64_t head_dim,
+                     int64_t ffn, int64_t vocab, float eps, float scale, int act, int64_t max_b, int64_t slots,
+                     int64_t max_len, int64_t n_pos, const QMat *mats, const QLayer *layers,
+                     const float *out_norm, const float *cos, const float *sin, int threads) {
+    const int64_t QKV = (n_heads + 2 * n_kv) * head_dim, ATT = n_heads * head_dim;
+    if (n_layers < 1 || head_dim % 2 || n_kv < 1 || n_heads % n_kv || n_pos < max_len || max_b < 1 ||
+        (act != ACT_SILU && act != ACT_GELU_TANH))
+        return NULL;
+    const int64_t want[5][2] = {{QKV, dim}, {dim, ATT}, {2 * ffn, dim}, {dim, ffn}, {vocab, dim}};
+    for (int64_t i = 0; i <= 4 * n_layers; i++) {
+        const QMat *W = mats + i;
+        const int64_t *rc = want[i == 4 * n_layers ? 4 : i % 4];
+        int64_t rows = 0;
+        for (int64_t p = 0; p < W->n_parts; p++) {
+            const int64_t t = W->parts[p].type, bs = block_bytes(t);
+            if (!bs || W->cols % elems(t) || W->parts[p].row_bytes < W->cols / elems(t) * bs || !W->parts[p].data)
+                return NULL;
+            rows += W->parts[p].rows;
+        }
+        if (rows != W->rows || W->rows != rc[0] || W->cols != rc[1]) return NULL;
+    }
+    for (int64_t l = 0; l < n_layers; l++)
+        if (layers[l].capacity < 1 || layers[l].capacity > max_len || !layers[l].kv || !layers[l].attn_norm ||
+            !layers[l].ffn_norm || (!layers[l].q_norm) != (!layers[l].k_norm) || layers[l].window < 0)
+            return NULL;
+    QModel *Q = calloc(1, sizeof(QModel));
+    if (!Q) return NULL;
+    *Q = (QModel){n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len, n_pos, eps, scale,
+                  act, threads > 0 ? threads : 1, mats, layers, out_norm, cos, sin};
+    int64_t k = dim > ATT ? dim : ATT;
+    k = k > ffn ? k : ffn;
+    Q->kmax = k;
+    const int64_t wide = dim > ATT ? dim : ATT;
+    Q->x = malloc(sizeof(float) * max_b * dim);
+    Q->h = malloc(sizeof(float) * max_b * wide);
+    Q->qkv = malloc(sizeof(float) * max_b * QKV);
+    Q->att = malloc(sizeof(float) * max_b * ATT);
+    Q->gu = malloc(sizeof(float) * max_b * 2 * ffn);
+    Q->ff = malloc(sizeof(float) * max_b * ffn);
+    Q->tmp = malloc(sizeof(float) * Q->threads * max_b);
+    Q->scores = malloc(sizeof(float) * Q->threads * max_len);
+    Q->a32 = (Act32){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 32 + 1)),
+                     malloc(sizeof(float) * max_b * (k / 32 + 1))};
+    Q->a256 = (Act256){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 256 + 1)),
+                       malloc(sizeof(int16_t) * max_b * (k / 16 + 1))};
+    if (!Q->x || !Q->h || !Q->qkv || !Q->att || !Q->gu || !Q->ff || !Q->tmp || !Q->scores || !Q->a32.q ||
+        !Q->a32.d || !Q->a32.s || !Q->a256.q || !Q->a256.d || !Q->a256.bsums) {
+        sf_qstep_free(Q);
+        return NULL;
+    }
+    return Q;
+}
+
+/* One step over B rows. x_in: [B, dim] the rows' embeddings (already scaled where the model
+ * scales them); slot/pos: each row's KV slot and the position of its token; out_rows: the n_out
+ * rows whose logits are wanted, written in that order to logits [n_out, vocab]. Returns 0; -1
+ * for bad arguments, including more rows of one slot than a ring layer can hold at once (a
+ * row must not overwrite an entry another row of the call still reads). */
+int sf_qstep(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
+             int64_t n_out, const int64_t *out_rows, float *logits) {
+    if (B < 1 || B > Q->max_b || n_out < 0 || n_out > B) return -1;
+    for (int64_t b = 0; b < B; b++)
+        if (slot[b] < 0 || slot[b] >= Q->slots || pos[b] < 0 || pos[b] >= Q->max_len) return -1;
+    for (int64_t i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= B) return -1;
+    int64_t room = Q->max_len; /* the fewest positions any layer keeps beyond what its queries see */
+    for (int64_t l = 0; l < Q->n_layers; l++) {
+        const QLayer *L = Q->layers + l;
+        if (L->capacity < Q->max_len) {
+            const int64_t r = L->window ? L->capacity - L->window + 1 : 0;
+            room = r < room ? r : room;
+        }
+    }
+    if (room < Q->max_len) /* rows of one slot span at most `room` positions */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t c = 0; c < B; c++)
+                if (slot[c] == slot[b] && pos[c] - pos[b] >= room) return -1;
+    q_step(Q, B, x_in, slot, pos, n_out, out_rows, logits);
+    return 0;
+}
