@@ -34,6 +34,9 @@ def pytest_runtest_teardown(item, nextitem):
         engines = sys.modules.get("engine_support")  # the engine tests' shared engines
         if engines is not None:
             engines.forget_engines()
+        verify = sys.modules.get("swarmfactory.harness.verify")  # cases another file may never draw again
+        if verify is not None:
+            verify.CASES.clear()
         gc.collect()
         _return_freed_memory()
 

@@ -157,6 +157,12 @@ class CaseCache:
                 self.size -= n
         return data
 
+    def clear(self) -> None:
+        """Forget every case (they are recomputed when next drawn)."""
+        with self.lock:
+            self.items.clear()
+            self.size = 0
+
 
 def _fit_torch_threads() -> None:
     """References run on the CPUs this process may use: torch's default (one thread per core)
