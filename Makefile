@@ -49,8 +49,10 @@ bench-kernels: $(STAMP)
 clean:
 	rm -rf $(VENV) .swarmfactory build *.egg-info
 
-# Engine vs peers (not part of the default install or CI): llama-server from the llama.cpp
-# sources in the llama-cpp-python sdist (peers/, ~10 min on 2 cores), then the comparison.
+# Engine vs peers (not part of the default install or CI): llama-server and llama-quantize from
+# the llama.cpp sources in the llama-cpp-python sdist (peers/, ~10 min on 2 cores), then the
+# comparison (`BENCH_ARGS="--model smollm2-q4_k_m"`: SmolLM2 quantised to Q4_K_M by llama-quantize
+# from an F32 file written from the bundled one, benchmarks/quantize_model.py).
 peers: $(STAMP)
 	$(BIN)/python benchmarks/engine_vs_peers.py --build-only
 

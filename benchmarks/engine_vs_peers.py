@@ -1,12 +1,15 @@
 """Engine vs llama.cpp server vs HF transformers on the same GGUF, on this machine.
 
-    python benchmarks/engine_vs_peers.py --build-only     # make peers: build llama-server
+    python benchmarks/engine_vs_peers.py --build-only     # make peers: build llama-server, llama-quantize
     python benchmarks/engine_vs_peers.py                  # make bench-engine: the comparison
     python benchmarks/engine_vs_peers.py --engine-config tuned.yaml   # + a tuned engine design
     python benchmarks/engine_vs_peers.py --model gemma.gguf           # another GGUF for every system
+    python benchmarks/engine_vs_peers.py --model smollm2-q4_k_m       # SmolLM2 re-quantised to Q4_K_M
 
-llama-server is built from the llama.cpp sources vendored in the llama-cpp-python source
-distribution on PyPI (peers/, gitignored; about 10 minutes on two cores).
+llama-server (and llama-quantize) are built from the llama.cpp sources vendored in the
+llama-cpp-python source distribution on PyPI (peers/, gitignored; about 10 minutes on two cores).
+--model smollm2-q4_k_m is the bundled SmolLM2-135M-Instruct written out as F32 and re-quantised
+to Q4_K_M by llama-quantize (benchmarks/quantize_model.py; made once, into peers/models/).
 
 Load: one closed-loop run per workload (--workloads, default 128 tokens in / 128 out and the
 prefill-heavy 1024 in / 128 out) and concurrency level (--concurrency, default 1, 4, 16, 64),
@@ -58,6 +61,7 @@ DEFAULT_WORKLOADS = "128x128,1024x128"
 # and the one used with --no-llama-tune.
 DEFAULT_LLAMA_BATCHES = "2048:512,512:128"
 CTX_MARGIN = 16  # context tokens per sequence beyond input + output
+SMOLLM2_Q4_K_M = "smollm2-q4_k_m"  # --model name: the bundled model re-quantised by llama-quantize
 
 
 def parse_levels(spec: str) -> list[int]:
@@ -189,10 +193,11 @@ LLAMA_ISA_FLAGS = {
 }
 
 
-def build_llama_server(peers: Path, jobs: int, isa: str = "native") -> Path:
-    """peers/llama-server (or llama-server-<isa>), built once from the llama-cpp-python sdist."""
+def build_llama_tool(peers: Path, jobs: int, target: str, isa: str = "native") -> Path:
+    """peers/<target> (or <target>-<isa>): a llama.cpp CMake target (llama-server, llama-quantize),
+    built once from the llama-cpp-python sdist in that ISA's build dir and symlinked into peers/."""
     suffix = "" if isa == "native" else f"-{isa}"
-    binary = peers / f"llama-server{suffix}"
+    binary = peers / f"{target}{suffix}"
     if binary.exists():
         return binary
     peers.mkdir(parents=True, exist_ok=True)
@@ -211,11 +216,16 @@ def build_llama_server(peers: Path, jobs: int, isa: str = "native") -> Path:
     build = f"build{suffix}"
     run(["cmake", "-B", build, "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", *LLAMA_ISA_FLAGS[isa],
          "-DLLAMA_BUILD_TESTS=OFF"], cwd=llama)
-    run(["cmake", "--build", build, "--target", "llama-server", "-j", str(jobs)], cwd=llama)
-    built = next(Path(p) for p in glob.glob(str(llama / build / "bin" / "llama-server")))
+    run(["cmake", "--build", build, "--target", target, "-j", str(jobs)], cwd=llama)
+    built = next(Path(p) for p in glob.glob(str(llama / build / "bin" / target)))
     binary.symlink_to(built.relative_to(peers))  # the binary finds its shared libraries by rpath
-    (peers / f"llama-server{suffix}.version").write_text(f"{Path(sdist).name} {' '.join(LLAMA_ISA_FLAGS[isa])}\n")
+    (peers / f"{target}{suffix}.version").write_text(f"{Path(sdist).name} {' '.join(LLAMA_ISA_FLAGS[isa])}\n")
     return binary
+
+
+def build_llama_server(peers: Path, jobs: int, isa: str = "native") -> Path:
+    """peers/llama-server (or llama-server-<isa>), built once from the llama-cpp-python sdist."""
+    return build_llama_tool(peers, jobs, "llama-server", isa)
 
 
 def free_port() -> int:
@@ -407,7 +417,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=Path, default=ROOT / "peers")
     ap.add_argument("--model", type=Path, default=None,
-                    help="GGUF file every system runs (default: the bundled SmolLM2-135M-Instruct)")
+                    help="GGUF file every system runs (default: the bundled SmolLM2-135M-Instruct), or "
+                         f"{SMOLLM2_Q4_K_M}: that model re-quantised to Q4_K_M by llama-quantize (made once "
+                         "under --peers/models by benchmarks/quantize_model.py)")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--llama-isa", default="native", choices=sorted(LLAMA_ISA_FLAGS),
                     help="llama.cpp build to compare with (avx2: no AVX-512, for an emulated AVX2 machine)")
@@ -481,8 +493,15 @@ def main() -> int:
 
     llama = build_llama_server(args.peers, args.threads, args.llama_isa)
     if args.build_only:
+        quantize = build_llama_tool(args.peers, args.threads, "llama-quantize", args.llama_isa)
         log(f"llama-server ready: {llama}")
+        log(f"llama-quantize ready: {quantize}")
         return 0
+    if args.model is not None and str(args.model) == SMOLLM2_Q4_K_M and not args.model.is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from quantize_model import smollm2_q4_k_m
+
+        args.model = smollm2_q4_k_m(args.peers, isa=args.llama_isa, jobs=args.threads)
     # the untuned engine says so where serve would otherwise pick a tuned profile by itself
     no_profile = ("engine" not in skip or args.engine_config is not None) and serve_takes_profile()
     gguf = args.model.resolve() if args.model else bundled_model_path()
