@@ -1,8 +1,11 @@
 """Turns a scheduled step into tensors, runs the model, and returns next-token logits.
 
 Steps with few enough decode sequences (and, when the native decoder takes prompts, their
-prompt chunks) run the native decoder when the engine has one; every other step runs the
-torch model. Both write the same KV cache.
+prompt chunks) run the native decoder when the engine has one. A step whose decode rows it
+takes but whose prompt chunks are longer than it takes runs in two calls: the decode rows
+natively, the prompt chunks on the torch model (so a long prompt never moves the running
+sequences onto the slower path, nor changes their numbers). Every other step runs the torch
+model. Both write the same KV cache.
 """
 
 from __future__ import annotations
@@ -78,15 +81,23 @@ class ModelRunner:
         return (nat is not None and len(batch.decode) <= nat.max_batch
                 and sum(n for _, n in batch.prefill) <= nat.max_prompt)
 
+    def _native_decode(self, dec: list[Sequence]) -> torch.Tensor:
+        logits = self.native(torch.tensor([s.last_token() for s in dec]),
+                             torch.tensor([s.slot for s in dec]),
+                             torch.tensor([s.num_tokens - 1 for s in dec]))
+        for s in dec:
+            s.n_cached += 1
+        return logits
+
     def run(self, batch: Scheduled) -> tuple[torch.Tensor, list[Sequence]]:
         dec = batch.decode
         if self.native_takes(batch) and not batch.prefill:  # the common case, built directly
-            logits = self.native(torch.tensor([s.last_token() for s in dec]),
-                                 torch.tensor([s.slot for s in dec]),
-                                 torch.tensor([s.num_tokens - 1 for s in dec]))
-            for s in dec:
-                s.n_cached += 1
-            return logits, list(dec)
+            return self._native_decode(dec), list(dec)
+        if dec and batch.prefill and self.native is not None and len(dec) <= self.native.max_batch:
+            # prompt chunks too long for the native step: they run on torch, the decode rows
+            # natively (different sequences, different slots: the two calls are independent)
+            logits, wants = self.run(Scheduled(decode=[], prefill=batch.prefill))
+            return torch.cat([self._native_decode(dec), logits]), list(dec) + wants
         step, wants = self.build(batch)
         if not wants:  # only partial prompt chunks: fill the cache, skip the output head
             step.logit_rows = torch.empty(0, dtype=torch.long)

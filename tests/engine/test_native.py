@@ -123,8 +123,8 @@ def test_batching_never_changes_a_sequences_logits(q4_engine):
         assert torch.equal(alone[k], together[k]), f"slot {k} changed when batched"
 
 
-def test_native_decode_is_within_the_q4_1_bound(q4_engine, fp32_engine, ppl_ids):
-    ref = fp32_engine.score(ppl_ids)
+def test_native_decode_is_within_the_q4_1_bound(fp32_logits, q4_engine, ppl_ids):
+    ref = fp32_logits
     logits = _teacher_forced(q4_engine.native, q4_engine.kv, {0: ppl_ids}, {0: 0})[0]
     err = (logits - ref).abs()
     max_err, mean_err, rel_ppl = BOUNDS["q4_1"]
@@ -184,3 +184,29 @@ def test_without_a_compiler_the_default_falls_back_and_an_explicit_request_fails
     assert eng.generate("The capital of France is", max_tokens=4)[0].token_ids
     with pytest.raises(NativeUnavailable, match="not found"):
         Engine(EngineConfig(native_decode=2, **opts))
+
+
+def test_a_long_prompt_leaves_the_running_sequences_on_the_native_step(monkeypatch):
+    """A step whose prompt chunk is longer than the native step takes runs in two calls: the
+    decode rows natively, the chunk on torch. So a running sequence stays on the native path
+    (and keeps its tokens) while a long prompt is prefilled beside it."""
+    from swarmfactory.engine.sequence import SamplingParams
+
+    eng = get_engine("q4_1", native_decode=4, native_prefill=16, prefill_chunk=64, dense_above=())
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    short = eng.tokenizer.encode("The capital of France is")
+    alone = eng.generate([short], max_tokens=24, ignore_eos=True)[0].token_ids
+    long_prompt = (eng.tokenizer.encode("List three colours: red, green and blue. ") * 20)[:200]
+
+    torch_steps = []
+    forward = eng.model.forward
+    monkeypatch.setattr(eng.model, "forward", lambda s, kv: torch_steps.append(s.n_decode) or forward(s, kv))
+    a = eng.add_request(short, params)
+    while a.prefilling or not a.output_ids:  # a is decoding before the long prompt arrives
+        eng.step()
+    b = eng.add_request(long_prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    assert b.finished and len(b.output_ids) == 2
+    assert len(torch_steps) >= 3 and set(torch_steps) == {0}  # the 200-token prompt's chunks, alone
+    assert a.output_ids == alone
