@@ -59,6 +59,14 @@ def ppl_ids(model_path):
 
 
 @pytest.fixture(scope="module")
+def fp32_logits(ppl_ids):
+    """The fp32 engine's logits over the fixed text: the reference of the quantised paths. Made
+    before a test's own engine, which then replaces the fp32 one in the shared cache (one
+    engine held at a time)."""
+    return get_engine("fp32").score(ppl_ids)
+
+
+@pytest.fixture(scope="module")
 def hf_ppl_logits(hf_model, ppl_ids):
     import torch
 

@@ -134,7 +134,7 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
 
     ref, _ = reference
     base = EngineConfig(threads=THREADS, max_seq_len=1024)
-    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16,
+    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 8,
                                 "threads": THREADS}, base).config)
     check = verify(invariant, ref)
     assert check.ok, check.detail
@@ -143,6 +143,7 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
     lengths = {len(invariant.tokenizer.encode(p)) for p in PROMPTS}
     rows = len(PROMPTS)  # the batched decode step: four rows, which no prompt alone has
     assert rows not in lengths
+    del invariant  # one engine in memory at a time
 
     class WrongAtFourRows(Dense):  # right alone, wrong only when the step has exactly four rows
         name = "test_wrong_at_four_rows"
@@ -232,9 +233,10 @@ def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_
     assert design.champion == first and set(design.config.kernels) == set(D.CHAMPION_OPS)
 
     # the engine runs the factory's library on every Q4_1 op and passes the end-to-end checks
-    # the factory's kernels, from the tune's store (a 1024-token context: the checks need ~450 tokens,
-    # and the tune's 2048 at 16 slots would hold 1.5 GB of KV cache in the test process)
-    eng = Engine(design.config.model_copy(update={"max_seq_len": 1024}), supply=Corridor(store))
+    # the factory's kernels, from the tune's store (a 1024-token context and 8 slots: the checks need
+    # ~450 tokens and at most 8 sequences at once, and the tune's 2048 at 16 slots would hold 1.5 GB
+    # of KV cache in the test process)
+    eng = Engine(design.config.model_copy(update={"max_seq_len": 1024, "max_batch": 8}), supply=Corridor(store))
     assert {op: k["candidate"] for op, k in eng.paths.native_kernels.items()} == {op: first for op in D.CHAMPION_OPS}
     check = verify(eng, ref)
     assert check.ok, check.detail

@@ -161,10 +161,11 @@ def test_bench_asks_for_the_model_by_its_file(server, gemma_path, model_path):
 
 
 def test_the_default_weights_serve_gemma(gemma_path, server):
-    """q4_1, the default: Gemma's Q8_0 tensors on torch's int4 kernel, its other block types on
-    ``qnative``, thresholds calibrated at the machine's first load of this file (36 s for the
-    test, 13 s once the calibration is cached by the file's content). The fp32 server is stopped
-    first: one Gemma server at a time."""
+    """q4_1, the default: decode steps on the native block step (qstep.c: every layer on the
+    stored blocks); on torch, Gemma's Q8_0 tensors on torch's int4 kernel and its other block
+    types on ``qnative``; thresholds calibrated at the machine's first load of this file (36 s
+    for the test, 13 s once the calibration is cached by the file's content). The fp32 server is
+    stopped first: one Gemma server at a time."""
     from openai import OpenAI
 
     server.stop()
@@ -175,7 +176,9 @@ def test_the_default_weights_serve_gemma(gemma_path, server):
         out = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300).completions.create(
             model=SERVED, prompt="The capital of France is", max_tokens=NEW, temperature=0)
         assert out.model == SERVED and out.choices[0].text.strip()
-        est, mem = s.health()["memory"], s.memory()
+        health = s.health()
+        assert health["paths"]["native"].startswith("blocks-") and health["paths"]["native_decode"] >= 1
+        est, mem = health["memory"], s.memory()
         held = est["weights_bytes"] + est["kv_bytes"]
         assert held < mem["anon"] < held + 0.8e9, (mem, est)
     finally:

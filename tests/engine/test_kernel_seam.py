@@ -43,7 +43,7 @@ def _build(kernels):
     return Engine(EngineConfig(weights="q4_1", max_batch=1, max_seq_len=64, threads=1, kernels=kernels))
 
 
-def test_factory_abi_kernel_runs_per_op_and_matches_int4(fp32_engine):
+def test_factory_abi_kernel_runs_per_op_and_matches_int4():
     ref = get_engine("q4_1", dense_above=())
     plugged = _build({"down": "test_q4_1_reference", "o": "test_q4_1_reference"})
     before = calls["n"]

@@ -25,11 +25,6 @@ def ppl(logits, ids):
     return math.exp(F.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item())
 
 
-@pytest.fixture(scope="module")
-def fp32_logits(ppl_ids):
-    return get_engine("fp32").score(ppl_ids)
-
-
 @pytest.mark.parametrize("weights,opts", [
     ("bf16", {}),
     ("q4_1", {"dense_above": ()}),  # every matmul on the int4 kernel
