@@ -167,15 +167,6 @@ static void quantize_row(const float *x, int64_t K, Act *a, int64_t b) {
 /* ---------------------------------------------------------------------------------------- */
 /* integer block dot products                                                                */
 
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    union { uint32_t u; float f; } v;
-    if (e == 0x1F) v.u = sign | 0x7F800000u | (m << 13);
-    else if (e) v.u = sign | ((e + 112) << 23) | (m << 13);
-    else { v.f = (float)m * 5.9604644775390625e-8f; v.u |= sign; } /* zero, subnormal: m * 2^-24 */
-    return v.f;
-}
-
 #if SF_SIMD
 /* acc + 8 int32 lanes of sum_i u[4l+i] * s[4l+i] (u unsigned bytes, s signed bytes). */
 static inline __m256i dot_q4(__m256i acc, __m256i u, __m256i s) {
@@ -317,13 +308,13 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
                         uint16_t mh;
                         memcpy(&dh, rp + 128 + 2 * r, 2);
                         memcpy(&mh, rp + 144 + 2 * r, 2);
-                        accm += half_to_float(mh) * a->s[b * nb + j];
+                        accm += sf_half(mh) * a->s[b * nb + j];
                     } else {
                         for (int k = 0; k < 8; k++)
                             for (int i = 0; i < 4; i++) s += ((int)rp[32 * k + 4 * r + i] - 128) * x[4 * k + i];
                         memcpy(&dh, rp + 256 + 2 * r, 2);
                     }
-                    acc += (float)s * (half_to_float(dh) * a->d[b * nb + j]);
+                    acc += (float)s * (sf_half(dh) * a->d[b * nb + j]);
                 }
                 float *dst = y + b * ldy + ROWS * g + r;
                 *dst = accumulate ? *dst + acc + accm : acc + accm;
@@ -398,8 +389,8 @@ static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g,
             uint16_t dh, mh;
             memcpy(&dh, rp + 128 + 2 * r, 2);
             memcpy(&mh, rp + 144 + 2 * r, 2);
-            dw[r] = fabsf(half_to_float(dh));
-            mw[r] = fabsf(half_to_float(mh));
+            dw[r] = fabsf(sf_half(dh));
+            mw[r] = fabsf(sf_half(mh));
         }
         for (int64_t b = 0; b < B; b++) {
             const int8_t *xq = a->q + b * W->cols + 32 * j;
@@ -497,33 +488,7 @@ static void matmul(const Mat *W, const Act *a, int64_t B, float *y, int64_t ldy,
 /* ---------------------------------------------------------------------------------------- */
 /* small ops                                                                                 */
 
-static void rms_norm(const float *x, const float *w, float *y, int64_t n, float eps) {
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-    const float r = 1.f / sqrtf(ss / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
-}
-
-/* exp(x) as 2^n * p(r) (Cephes' polynomial), |rel err| < 2e-7 on [-87, 88]; plain arithmetic
- * so that loops over it vectorise. */
-static inline float expo(float x) {
-    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
-    const float n = nearbyintf(x * 1.44269504f);
-    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.98756912e-4f;
-    p = p * r + 1.39819994e-3f;
-    p = p * r + 8.33345205e-3f;
-    p = p * r + 4.16657962e-2f;
-    p = p * r + 1.66666657e-1f;
-    p = p * r + 5.0e-1f;
-    p = p * r * r + r + 1.f;
-    union { float f; int32_t i; } u = {p};
-    u.i += (int32_t)n << 23;
-    return u.f;
-}
-
-static inline float silu(float g) { return g / (1.f + expo(-g)); }
+static inline float silu(float g) { return g / (1.f + sf_exp(-g)); }
 
 /* One query head against its cached keys and values: out[D]. Inlined with D a constant for
  * the common head sizes, so the accumulators live in registers. */
@@ -543,7 +508,7 @@ static inline __attribute__((always_inline)) void attend_d(
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < len; t++) {
-        const float e = expo(scores[t] - mx);
+        const float e = sf_exp(scores[t] - mx);
         scores[t] = e;
         sum += e;
     }
@@ -659,7 +624,7 @@ static void step(Model *M, int64_t B, const float *x_in, const int64_t *slot, co
             float *cache = M->kv[l];
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
-                rms_norm(M->x + b * dim, M->norms[2 * l], M->h + b * dim, dim, M->eps);
+                sf_rms_norm(M->x + b * dim, M->norms[2 * l], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
             matmul(&W[0], &M->a_dim, B, M->qkv, QKV, 0, M->ext, M->mv, M->mv_len);
@@ -685,7 +650,7 @@ static void step(Model *M, int64_t B, const float *x_in, const int64_t *slot, co
             matmul(&W[1], &M->a_dim, B, M->x, dim, 1, M->ext, M->mv, M->mv_len);
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
-                rms_norm(M->x + b * dim, M->norms[2 * l + 1], M->h + b * dim, dim, M->eps);
+                sf_rms_norm(M->x + b * dim, M->norms[2 * l + 1], M->h + b * dim, dim, M->eps);
                 quantize_row(M->h + b * dim, dim, &M->a_dim, b);
             }
             matmul(&W[2], &M->a_dim, B, M->gu, 2 * F, 0, M->ext, M->mv, M->mv_len);
@@ -700,7 +665,7 @@ static void step(Model *M, int64_t B, const float *x_in, const int64_t *slot, co
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n_out; i++) {
-            rms_norm(M->x + out_rows[i] * dim, M->norms[2 * M->n_layers], M->h + i * dim, dim, M->eps);
+            sf_rms_norm(M->x + out_rows[i] * dim, M->norms[2 * M->n_layers], M->h + i * dim, dim, M->eps);
             quantize_row(M->h + i * dim, dim, &M->a_dim, i);
         }
         if (n_out) matmul(&M->mats[4 * M->n_layers], &M->a_dim, n_out, logits, M->vocab, 0, M->ext, M->mv, M->mv_len);

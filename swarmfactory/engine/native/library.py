@@ -30,7 +30,10 @@ class _Mat(ctypes.Structure):
 
 
 def source() -> str:
-    return files(__package__).joinpath("decode.c").read_text()
+    """decode.c after the helpers it shares with qlinear.c (common.c): one translation unit."""
+    here = files(__package__)
+    return (here.joinpath("common.c").read_text() + '#line 1 "decode.c"\n'
+            + here.joinpath("decode.c").read_text())
 
 
 class Ext(ctypes.Structure):

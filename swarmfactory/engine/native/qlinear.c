@@ -107,12 +107,7 @@ static inline float fp16(const uint8_t *p) {
 #if SF_SIMD
     return _cvtsh_ss(h);
 #else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    union { uint32_t u; float f; } v;
-    if (e == 0x1F) v.u = sign | 0x7F800000u | (m << 13);
-    else if (e) v.u = sign | ((e + 112) << 23) | (m << 13);
-    else { v.f = (float)m * 5.9604644775390625e-8f; v.u |= sign; } /* zero, subnormal: m * 2^-24 */
-    return v.f;
+    return sf_half(h);
 #endif
 }
 

@@ -65,10 +65,11 @@ class _Part(ctypes.Structure):
 
 
 def source() -> str:
-    """qlinear.c with the block step (qstep.c, which calls its kernels) after it: one library."""
+    """qlinear.c after the helpers it shares with decode.c (common.c), and the block step
+    (qstep.c, which calls its kernels) after it: one translation unit, one library."""
     here = files(__package__)
-    return (here.joinpath("qlinear.c").read_text() + '\n#line 1 "qstep.c"\n'
-            + here.joinpath("qstep.c").read_text())
+    return (here.joinpath("common.c").read_text() + '#line 1 "qlinear.c"\n' + here.joinpath("qlinear.c").read_text()
+            + '\n#line 1 "qstep.c"\n' + here.joinpath("qstep.c").read_text())
 
 
 def load_library(path: IsaPath | tuple[str, ...]):

@@ -61,35 +61,6 @@ typedef struct {
 
 /* ---------------------------------------------------------------------------------------- */
 
-static void q_rms_norm(const float *x, const float *w, float *y, int64_t n, float eps) {
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-    const float r = 1.f / sqrtf(ss / (float)n + eps);
-    if (w)
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
-    else
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * r;
-}
-
-/* exp(x) as 2^n * p(r) (Cephes' polynomial), |rel err| < 2e-7 on [-87, 88]; plain arithmetic
- * so that loops over it vectorise. */
-static inline float q_exp(float x) {
-    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
-    const float n = nearbyintf(x * 1.44269504f);
-    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.98756912e-4f;
-    p = p * r + 1.39819994e-3f;
-    p = p * r + 8.33345205e-3f;
-    p = p * r + 4.16657962e-2f;
-    p = p * r + 1.66666657e-1f;
-    p = p * r + 5.0e-1f;
-    p = p * r * r + r + 1.f;
-    union { float f; int32_t i; } u = {p};
-    u.i += (int32_t)n << 23;
-    return u.f;
-}
-
 /* gate activation times up, one row of n */
 static void gated(int act, const float *g, const float *u, float *f, int64_t n) {
     if (act == ACT_GELU_TANH) {
@@ -97,12 +68,12 @@ static void gated(int act, const float *g, const float *u, float *f, int64_t n) 
         for (int64_t i = 0; i < n; i++) {
             const float x = g[i], z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
             /* tanh(z) = 1 - 2 / (exp(2z) + 1), exact at both ends (exp saturates) */
-            const float t = 1.f - 2.f / (q_exp(2.f * z) + 1.f);
+            const float t = 1.f - 2.f / (sf_exp(2.f * z) + 1.f);
             f[i] = 0.5f * x * (1.f + t) * u[i];
         }
     } else {
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) f[i] = g[i] / (1.f + q_exp(-g[i])) * u[i];
+        for (int64_t i = 0; i < n; i++) f[i] = g[i] / (1.f + sf_exp(-g[i])) * u[i];
     }
 }
 
@@ -161,7 +132,7 @@ static void q_attend(const float *q, const float *k, const float *v, int64_t lo,
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < len; j++) {
-        const float e = q_exp(scores[j] - mx);
+        const float e = sf_exp(scores[j] - mx);
         scores[j] = e;
         sum += e;
     }
@@ -192,7 +163,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
             const float *cos = Q->cos + L->rope * Q->n_pos * D, *sin = Q->sin + L->rope * Q->n_pos * D;
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
-                q_rms_norm(Q->x + b * dim, L->attn_norm, Q->h + b * dim, dim, Q->eps);
+                sf_rms_norm(Q->x + b * dim, L->attn_norm, Q->h + b * dim, dim, Q->eps);
                 q_quantize(Q, Q->h + b * dim, dim, b);
             }
             q_matmul(Q, &W[0], B, Q->qkv, QKV);
@@ -201,7 +172,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
                 float *row = Q->qkv + b * QKV;
                 for (int64_t hh = 0; hh < H + KV; hh++) {
                     float *x = row + hh * D;
-                    if (L->q_norm) q_rms_norm(x, hh < H ? L->q_norm : L->k_norm, x, D, Q->eps);
+                    if (L->q_norm) sf_rms_norm(x, hh < H ? L->q_norm : L->k_norm, x, D, Q->eps);
                     q_rope(x, cos + pos[b] * D, sin + pos[b] * D, D);
                 }
                 for (int64_t p = 0; p < 2; p++)
@@ -223,9 +194,9 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 float *x = Q->x + b * dim, *a = Q->h + b * dim;
-                if (L->post_attn_norm) q_rms_norm(a, L->post_attn_norm, a, dim, Q->eps);
+                if (L->post_attn_norm) sf_rms_norm(a, L->post_attn_norm, a, dim, Q->eps);
                 for (int64_t i = 0; i < dim; i++) x[i] += a[i];
-                q_rms_norm(x, L->ffn_norm, a, dim, Q->eps);
+                sf_rms_norm(x, L->ffn_norm, a, dim, Q->eps);
                 q_quantize(Q, a, dim, b);
             }
             q_matmul(Q, &W[2], B, Q->gu, 2 * F);
@@ -239,13 +210,13 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 float *x = Q->x + b * dim, *y = Q->h + b * dim;
-                if (L->post_ffn_norm) q_rms_norm(y, L->post_ffn_norm, y, dim, Q->eps);
+                if (L->post_ffn_norm) sf_rms_norm(y, L->post_ffn_norm, y, dim, Q->eps);
                 for (int64_t i = 0; i < dim; i++) x[i] += y[i];
             }
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n_out; i++) {
-            q_rms_norm(Q->x + out_rows[i] * dim, Q->out_norm, Q->h + i * dim, dim, Q->eps);
+            sf_rms_norm(Q->x + out_rows[i] * dim, Q->out_norm, Q->h + i * dim, dim, Q->eps);
             q_quantize(Q, Q->h + i * dim, dim, i);
         }
         if (n_out) q_matmul(Q, &Q->mats[4 * Q->n_layers], n_out, logits, Q->vocab);
