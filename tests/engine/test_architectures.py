@@ -303,6 +303,29 @@ def test_the_block_step_refuses_rows_it_cannot_compute(tmp_path_factory):
             dec(torch.tensor([5]), torch.tensor([slot]), torch.tensor([pos]))
 
 
+def test_the_block_step_refuses_a_file_whose_vectors_do_not_fit_its_sizes(tmp_path_factory):
+    """A norm shorter than the hidden size (a damaged or hostile file): refused in one line
+    naming the tensor, before the C step could read past it."""
+    import dataclasses
+
+    from swarmfactory.engine.gguf_loader import load_gguf
+    from swarmfactory.engine.native.library import NativeUnavailable
+    from swarmfactory.engine.native.qstep import BlockDecoder
+
+    path, _, _ = _file(tmp_path_factory, "gemma3", QT.Q8_0, hidden_size=256, intermediate_size=512,
+                       num_hidden_layers=2)
+    ref = _engine(path)
+    gg = load_gguf(path)
+    for name, size in (("blk.1.ffn_norm.weight", 10), ("blk.0.attn_k_norm.weight", 8)):
+        t = gg.tensors[name]
+        assert t.qtype == QT.F32
+        short = dataclasses.replace(t, rows=1, cols=size, raw=t.raw.reshape(-1)[:size].reshape(1, -1))
+        damaged = dataclasses.replace(gg, tensors={**gg.tensors, name: short})
+        with pytest.raises(NativeUnavailable) as e:
+            BlockDecoder(damaged, ref.model, ref.model.new_cache(2, 64), 2, THREADS)
+        assert name in str(e.value) and f"holds {size} values" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_unknown_architecture_fails_in_one_line(tmp_path):
     from swarmfactory.engine import Engine, EngineConfig
     from swarmfactory.engine.gguf_loader import load_gguf

@@ -244,7 +244,8 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
                      int64_t max_len, int64_t n_pos, const QMat *mats, const QLayer *layers,
                      const float *out_norm, const float *cos, const float *sin, int threads) {
     const int64_t QKV = (n_heads + 2 * n_kv) * head_dim, ATT = n_heads * head_dim;
-    if (n_layers < 1 || head_dim % 2 || n_kv < 1 || n_heads % n_kv || n_pos < max_len || max_b < 1 ||
+    if (n_layers < 1 || head_dim % 2 || n_kv < 1 || n_heads % n_kv || n_pos < max_len || max_b < 1 || !out_norm ||
+        !cos || !sin ||
         (act != ACT_SILU && act != ACT_GELU_TANH))
         return NULL;
     const int64_t want[5][2] = {{QKV, dim}, {dim, ATT}, {2 * ffn, dim}, {dim, ffn}, {vocab, dim}};

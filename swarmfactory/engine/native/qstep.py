@@ -101,10 +101,14 @@ class BlockDecoder:
         self.lib, self.isa = lib.lib, f"blocks-{lib.isa}"
         self._keep: list = []
 
-        def vec(name: str | None):
+        def vec(name: str | None, size: int = hp.dim):
+            """The fp32 vector's address, checked to hold ``size`` values (the C step reads that
+            many: a file that says otherwise is refused here, never read past)."""
             if name is None or name not in gg.tensors:
                 return None
             t = gg.tensor(name).dequantize().reshape(-1).float().contiguous()
+            if t.numel() != size:
+                raise NativeUnavailable(f"{name} holds {t.numel()} values where the model's sizes need {size}")
             self._keep.append(t)
             return t.data_ptr()
 
@@ -127,6 +131,9 @@ class BlockDecoder:
                     b = torch.cat([gg.tensor(f"{p}.attn_{x}.bias").dequantize().reshape(-1).float()
                                    if f"{p}.attn_{x}.bias" in gg.tensors else torch.zeros(n)
                                    for x, n in zip("qkv", (H * D, KV * D, KV * D))]).contiguous()
+                    if b.numel() != packed.rows:
+                        raise NativeUnavailable(f"{p}: q, k and v biases hold {b.numel()} values for "
+                                                f"{packed.rows} outputs")
                     self._keep.append(b)
                     bias = b.data_ptr()
             mats.append(_QMat(ctypes.addressof(packed.parts), packed.n_parts, packed.rows, packed.cols, bias))
@@ -139,8 +146,8 @@ class BlockDecoder:
             layers.append(_QLayer(vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight"),
                                   vec(p + "post_attention_norm.weight") if model.sandwich_norms else None,
                                   vec(p + "post_ffw_norm.weight") if model.sandwich_norms else None,
-                                  vec(p + "attn_q_norm.weight") if qk else None,
-                                  vec(p + "attn_k_norm.weight") if qk else None,
+                                  vec(p + "attn_q_norm.weight", hp.head_dim) if qk else None,
+                                  vec(p + "attn_k_norm.weight", hp.head_dim) if qk else None,
                                   L.window or 0, kv.capacities[i], L.rope, kv.kv[i].data_ptr()))
         n_pos = max(kv.max_seq_len, 1)
         tables = [r.tables(hp.head_dim, n_pos, torch.float32) for r in model.rope_sets(gg)]
