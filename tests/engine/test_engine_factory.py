@@ -134,7 +134,7 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
 
     ref, _ = reference
     base = EngineConfig(threads=THREADS, max_seq_len=1024)
-    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 8,
+    invariant = Engine(D.build({"native_decode": 0, "dense": "none", "attention": "exact", "max_batch": 16,
                                 "threads": THREADS}, base).config)
     check = verify(invariant, ref)
     assert check.ok, check.detail

@@ -30,8 +30,10 @@ def test_a_reading_is_shares_of_the_window():
 
 @needs_psi
 def test_a_measurement_taken_while_cpu_hogs_run_gives_no_figure(monkeypatch, cpu_hogs):
-    """Two busy loops on the measurement CPU: every round the candidate waits for it, so no
-    round is clean and the verdict is `inconclusive`, with its contention, never a speedup."""
+    """Two busy loops on the measurement CPU: the candidate waits for it, so the rounds are
+    disturbed and the verdict is `inconclusive`, with its contention, never a speedup. (One round
+    in seven read clean in two full suites on a 2-vCPU VM, 2026-12-05: the verdict still gave no
+    figure, which is what this test is about.)"""
     from swarmfactory.harness import rounds
 
     monkeypatch.setattr(rounds, "WAIT_TOTAL_S", 2.0)  # the hogs never stop: do not wait for them long
@@ -49,7 +51,7 @@ def test_a_measurement_taken_while_cpu_hogs_run_gives_no_figure(monkeypatch, cpu
         h.close()
     c = v.evidence["contention"]
     assert v.outcome is Outcome.INCONCLUSIVE, v.detail
-    assert v.speedup is None and c["busy"] and c["disturbed_rounds"] == c["rounds"] >= 4
+    assert v.speedup is None and c["busy"] and c["disturbed_rounds"] >= max(4, c["rounds"] - 1)
     assert c["worst"] > contention.BUSY
 
 
