@@ -93,6 +93,13 @@ class BaselinePool:
         with self.lock:
             self.held.clear()
 
+    def release(self) -> None:
+        """A measurement ended: its workers may be evicted, and are, down to the budget (a worker
+        grows while it measures, past what its admission counted)."""
+        with self.lock:
+            self.held.clear()
+            self._evict(room_for=0)
+
     def resident(self) -> int:
         return sum(resident_bytes(w.proc.pid) for w in self.workers.values())
 

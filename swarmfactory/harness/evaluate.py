@@ -28,7 +28,7 @@ from functools import partial
 
 import numpy as np
 
-from swarmfactory import lifecycle
+from swarmfactory import heap, lifecycle
 from swarmfactory.backends import Backend, BuildError, CheatError, MissingTool, get_backend
 from swarmfactory.backends.base import Artifact
 from swarmfactory.evidence.processes import ProcessLedger
@@ -111,6 +111,7 @@ class Harness:
     def __init__(self, config: HarnessConfig | None = None, store=None):
         self.config = config or HarnessConfig()
         self.store = store
+        heap.return_freed_memory()  # cases and references come and go here: give their pages back
         self.ledger = ProcessLedger(store) if store is not None else None
         lifecycle.watch(self.ledger)  # what a dead run left on this store ends; ours are recorded
         self.baselines = BaselinePool(self.config.cpus("measure"))
@@ -183,6 +184,8 @@ class Harness:
                     verdict = self._remeasure_audited(prep, verdict)
             except Rejected as rej:
                 verdict = Verdict(rej.outcome, rej.detail, rej.stage, evidence=rej.evidence)
+            finally:
+                self.baselines.release()
         verdict.cases_checked = prep.cases_checked
         if "error_vs_torch" in prep.extra:  # the worst error over the cases, as a multiple of torch's
             verdict.evidence.setdefault("error_vs_torch", prep.extra["error_vs_torch"])

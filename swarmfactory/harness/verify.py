@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from swarmfactory import heap
 from swarmfactory.outcome import Outcome, Rejected
 from swarmfactory.harness.accuracy import ErrorStats, error_vs_torch, torch_errors
 from swarmfactory.problems.spec import Case, Problem, to_torch
@@ -162,6 +163,7 @@ class CaseCache:
         with self.lock:
             self.items.clear()
             self.size = 0
+        heap.trim()
 
 
 def _fit_torch_threads() -> None:

@@ -70,3 +70,27 @@ def test_one_worker_serves_a_baseline_at_every_thread_count_and_the_pool_keeps_i
     finally:
         pool.close()
     assert pool.workers == {}
+
+
+def test_a_measurement_that_ends_over_the_byte_budget_gives_workers_back_at_once():
+    """A worker grows while it measures, past what its admission counted: when the measurement
+    ends (``release``), the pool closes the least recently used workers until it is within its
+    byte budget again, not at the next admission."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pool = BaselinePool(cpus, max_workers=8)
+    try:
+        for name in ("rmsnorm", "softmax"):
+            p = load_problem(name)
+            pool.hold_none()
+            pool.choose(p, p.workload[0], compile_too=False, samples=1)
+        held = pool.resident()
+        assert len(pool.workers) >= 2 and held > 0
+        pool.max_bytes = held // 2  # the machine's budget, smaller than what the pool now holds
+        pool.release()
+        assert pool.resident() <= pool.max_bytes
+        assert pool.evicted >= 1
+        pool.max_bytes = 1  # nothing fits: every worker not held is closed
+        pool.release()
+        assert pool.workers == {}
+    finally:
+        pool.close()
