@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 
 from .engine import Engine
+from .sampler import TokenLogprob
 from .sequence import SamplingParams, Sequence
 
 
@@ -30,6 +31,7 @@ class Event:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    logprob: TokenLogprob | None = None  # where the request asked for logprobs
 
 
 class Handle:
@@ -141,7 +143,7 @@ class AsyncEngine:
                         continue
                     s = o.seq
                     items.append((h, Event(o.delta, o.token, o.finished, s.finish_reason if o.finished else None,
-                                           len(s.prompt_ids), len(s.output_ids))))
+                                           len(s.prompt_ids), len(s.output_ids), o.logprob)))
                 if items:
                     self._emit_many(items)
         except BaseException as e:  # surface engine crashes to every waiting request

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,7 +16,7 @@ from .model_runner import ModelRunner
 from .models.step import PrefillChunk, StepInput, offset_causal_mask
 from .native import build_decoder
 from .paths import plan
-from .sampler import sample
+from .sampler import TokenLogprob, sample
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence, Status
 from .supply import KernelSupply
@@ -31,6 +33,7 @@ class StepOutput:
     token: int | None  # None when the sequence was finished without a new token (abort)
     delta: str
     finished: bool
+    logprob: TokenLogprob | None = None  # where the request asked for logprobs
 
 
 @dataclass
@@ -75,6 +78,22 @@ class Engine:
         self.model_id = model_file.model_id(self.model_path)  # what the server serves it as
         self.load_seconds = time.perf_counter() - t0
         self._stop_ids = self.tokenizer.stop_token_ids
+        self._metadata = gg.metadata
+        self._grammars = None
+        self._grammars_lock = threading.Lock()
+
+    @property
+    def grammars(self):
+        """Structured output for this model's vocabulary (``engine/structured.py``), made on first
+        use (from any thread); None where xgrammar is not installed."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                try:
+                    from .structured import Grammars
+                except ImportError:
+                    return None
+                self._grammars = Grammars(self.tokenizer, self.hparams.vocab_size, metadata=self._metadata)
+            return self._grammars
 
     def kernel_audit(self) -> dict:
         """How the kernel-factory code this engine runs fared in the audit while serving
@@ -105,6 +124,13 @@ class Engine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.check_prompt(ids, params)
         seq = Sequence(ids, params, self.tokenizer)
+        if params.grammar is not None:
+            if self.grammars is None:
+                raise RequestError("structured output needs xgrammar, which is not installed")
+            try:
+                seq.grammar = self.grammars.state(json.loads(params.grammar))
+            except ValueError as e:
+                raise RequestError(f"structured output: {e}") from None
         self.scheduler.add(seq)
         return seq
 
@@ -140,14 +166,18 @@ class Engine:
         logits, wants = self.runner.run(batch)
         if not wants:
             return []
-        tokens = sample(logits, [s.params for s in wants], [s.generator for s in wants])
+        tokens, lps = sample(logits, wants)
         outs = []
-        for s, t in zip(wants, tokens):
+        for s, t, lp in zip(wants, tokens, lps):
+            if lp is not None:
+                s.logprobs.append(lp)
             s.append(t, self._stop_ids, self.max_seq_len)
+            if s.grammar is not None and not s.grammar.accept(t) and s.finish_reason is None:
+                s.finish_reason = "stop"  # its mask allows only what it accepts: ends, never crashes the batch
             done = s.finish_reason is not None
             if done:
                 self.scheduler.finish(s, s.finish_reason)
-            outs.append(StepOutput(s, t, s.take_delta(), done))
+            outs.append(StepOutput(s, t, s.take_delta(), done, lp))
         return outs
 
     def score(self, ids: list[int]) -> torch.Tensor:

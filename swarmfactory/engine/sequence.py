@@ -13,7 +13,11 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (argmax; ties go to the lowest token id)."""
+    """temperature 0 means greedy (argmax; ties go to the lowest token id). The rest as in the
+    OpenAI API (and vLLM's extras: top_k, min_p, repetition_penalty); ``engine/sampler.py`` says
+    in which order they apply. ``logprobs``: None for none, else how many best alternatives to
+    return beside the chosen token's (0-20). ``grammar``: the canonical JSON of a structured
+    output spec (``engine/structured.py``), or None."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -21,6 +25,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    grammar: str | None = None
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -31,10 +43,29 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0: off)")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError("min_p must be in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise ValueError("repetition_penalty must be in (0, 10]")
+        if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError("top_logprobs must be in [0, 20]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether anything changes this request's logits before the choice (penalties, bias)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
 
 class Status(Enum):
@@ -61,6 +92,8 @@ class Sequence:
     emitted: int = 0  # characters of text already handed out as deltas
 
     def __post_init__(self):
+        self.logprobs: list = []  # a sampler.TokenLogprob per output token, where params ask
+        self.grammar = None  # a structured.GrammarState where params.grammar names one
         self.generator = None
         if self.params.seed is not None and not self.params.greedy:
             self.generator = torch.Generator().manual_seed(self.params.seed)

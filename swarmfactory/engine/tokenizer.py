@@ -102,8 +102,10 @@ class Tokenizer:
         if user:
             tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
         self._tok = tok
+        self.kind = kind  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
         self.vocab_size = len(tokens)
         self.tokens = tokens
+        self._types = types
         self.bos_token_id = _opt_int(metadata.get("tokenizer.ggml.bos_token_id"))
         self.eos_token_id = _opt_int(metadata.get("tokenizer.ggml.eos_token_id"))
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos))
@@ -146,6 +148,22 @@ class Tokenizer:
 
     def token_str(self, i: int) -> str:
         return self.tokens[i] if 0 <= i < len(self.tokens) else ""
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token ``i`` stands for in text (a byte-level token's own bytes, a
+        SentencePiece byte token's byte, "▁" as a space); a control token's name as UTF-8."""
+        t = self.token_str(i)
+        if not 0 <= i < len(self._types) or self._types[i] in (_CONTROL, _UNKNOWN, _USER_DEFINED):
+            return t.encode()
+        if self.kind == "gpt2":
+            return bytes(_UNICODE_TO_BYTE.get(c, 32) for c in t)
+        if self._types[i] == _BYTE and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            return bytes([int(t[3:5], 16)])
+        return t.replace("\u2581", " ").encode()
+
+    @property
+    def chat_template_source(self) -> str | None:
+        return self._template_src
 
     @property
     def has_chat_template(self) -> bool:
@@ -275,6 +293,20 @@ def _strftime_now(fmt: str) -> str:
 
 
 # Chat templates are untrusted code from the model file: sandboxed, immutable, and set up like transformers'.
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte (what byte-level vocabularies are written in)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b], n = chr(256 + n), n + 1
+    return out
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
+
 _TEMPLATES = jinja2.sandbox.ImmutableSandboxedEnvironment(
     trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
 )

@@ -139,12 +139,23 @@ class ChatClient:
         return {"prompt_tokens": p, "completion_tokens": c, "cost_usd": cost, "seconds": seconds}
 
 
+def served_model(base_url: str) -> str:
+    """The id a local OpenAI-compatible server serves (its first ``/v1/models`` entry): the
+    engine answers an unknown model with 404, as OpenAI does."""
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/models", timeout=10)
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise LLMError("config", f"{redact(base_url)}: cannot read the served model ({e})") from None
+
+
 def parse_endpoint(spec: str, model: str | None = None, local_url: str | None = None) -> Endpoint:
     """``local``, ``openai:MODEL``, or a base URL (with ``model``)."""
     if spec == "local":
         if local_url is None:
             raise LLMError("config", "the local engine is not running")
-        return Endpoint("local", local_url, model or "SmolLM2-135M-Instruct")
+        return Endpoint("local", local_url, model or served_model(local_url))
     if spec.startswith("openai:"):
         name = spec.split(":", 1)[1] or model
         if not name:
