@@ -25,8 +25,14 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (the /metrics content type)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401  (the /metrics content type)
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 ACCESS = logging.getLogger("swarmfactory.engine.access")
 
@@ -68,7 +74,7 @@ class Metrics:
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token.", ["model_name"],
                              buckets=E2E_BUCKETS, registry=reg).labels(**label)
 
-    def request(self) -> "RequestTimer":
+    def request(self) -> RequestTimer:
         return RequestTimer(self)
 
     def render(self) -> bytes:

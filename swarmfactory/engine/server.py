@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import tools
 from .async_engine import AsyncEngine, Handle
 from .engine import Engine, RequestError
 from .metrics import CONTENT_TYPE_LATEST, AccessLog, Metrics
-from . import tools
 from .sequence import SamplingParams
 
 MAX_BODY_BYTES = 4 * 1024 * 1024

@@ -138,8 +138,8 @@ def _call(obj, names: set[str]) -> dict | None:
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
 def parse(text: str, funcs: list[dict]) -> tuple[str | None, list[dict]]:

@@ -12,7 +12,6 @@ import httpx
 import openai
 import pytest
 import torch
-
 from engine_support import get_engine
 
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -189,7 +188,7 @@ def test_metrics_count_requests_tokens_and_latency_and_the_access_log_names_each
     after = httpx.get(server.url + "/metrics", timeout=10)
     assert after.headers["content-type"].startswith("text/plain")
     text = after.text
-    delta = lambda name: _series(text, name) - _series(before, name)  # noqa: E731
+    delta = lambda name: _series(text, name) - _series(before, name)
     assert delta("swarmfactory:request_success_total") == 1
     assert delta("swarmfactory:generation_tokens_total") == r.usage.completion_tokens == 5
     assert delta("swarmfactory:prompt_tokens_total") == r.usage.prompt_tokens
@@ -197,7 +196,7 @@ def test_metrics_count_requests_tokens_and_latency_and_the_access_log_names_each
     assert delta("swarmfactory:time_per_output_token_seconds_count") == 1
     assert delta("swarmfactory:e2e_request_latency_seconds_count") == 1
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert re.search(rf"^swarmfactory:{gauge}\{{model_name=\"{re.escape(model_id)}\"\}} ", text, re.M)
+        assert re.search(rf"^swarmfactory:{gauge}\{{model_name=\"{re.escape(model_id)}\"\}} ", text, re.MULTILINE)
     log = server.output()
     assert re.search(r'"POST /v1/completions" 200 \d+ [\d.]+s', log), log[-2000:]
     assert '"GET /metrics" 200' in log
