@@ -239,13 +239,20 @@ def bench(
     model: Optional[str] = typer.Option(None, help="model to ask for: a name, or the GGUF file the server serves "
                                                "(default: first of /v1/models)"),
     api_key: Optional[str] = typer.Option(None, envvar="SWARMFACTORY_API_KEY"),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", min=0.001,
+                                                 help="requests/s arriving as a Poisson process (each level's "
+                                                      "concurrency is then the most in flight); default: all at once"),
+    dataset: str = typer.Option("random", help="random (token ids) or text (windows of the bundled English text)"),
+    goodput: list[str] = typer.Option([], "--goodput", help="an SLO for goodput, repeatable: ttft:MS, tpot:MS, "
+                                                             "e2el:MS (as vllm bench serve)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
     debug: bool = typer.Option(False, help="show tracebacks"),
 ):
-    """Measure a server: output tok/s, request/s, TTFT, TPOT, ITL at fixed concurrency levels."""
+    """Measure a server: output tok/s, request/s, TTFT, TPOT, ITL, E2E latency (p50/p90/p99) and
+    goodput at fixed concurrency levels, all at once or at a Poisson request rate."""
     import httpx
 
-    from swarmfactory.bench.serving import bench_sync
+    from swarmfactory.bench.serving import bench_sync, parse_slo
 
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
@@ -253,6 +260,12 @@ def bench(
             raise ValueError
     except ValueError:
         fail(f"--concurrency expects positive integers like 1,4,16, got {concurrency!r}")
+    if dataset not in ("random", "text"):
+        fail(f"--dataset must be random or text, got {dataset!r}")
+    try:
+        slo = parse_slo(goodput) or None
+    except ValueError as e:
+        fail(f"--goodput: {e}")
     try:
         listed = httpx.get(url.rstrip("/") + "/v1/models", timeout=5,
                            headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
@@ -268,7 +281,8 @@ def bench(
 
     try:
         result = bench_sync(url, levels, input_len=input_len, output_len=output_len, num_prompts=num_prompts,
-                            seed=seed, warmup=warmup, model=model, api_key=api_key, on_level=progress)
+                            seed=seed, warmup=warmup, model=model, api_key=api_key, on_level=progress,
+                            request_rate=request_rate, dataset=dataset, slo=slo)
     except Exception as e:  # a server that fails mid-benchmark: one line (tracebacks with --debug)
         if debug:
             raise
@@ -316,22 +330,43 @@ def _others_cell(lv: dict) -> str:
 
 
 def print_table(result: dict, title: str | None = None):
-    t = Table(title=title or f"{result['url']}  in={result['input_len']} out={result['output_len']} "
-                              f"prompts={result['num_prompts']}")
-    for col in ("conc", "out tok/s", "req/s", "TTFT med", "TTFT p99", "TPOT med", "TPOT p99", "ITL med",
-                "ITL p99", "errors", "others %"):
-        t.add_column(col, justify="right")
-    for lv in result["levels"]:
-        t.add_row(str(lv["concurrency"]), f"{lv['output_tok_s']:.1f}", f"{lv['request_s']:.2f}",
-                  f"{lv['ttft_ms_median']:.0f}", f"{lv['ttft_ms_p99']:.0f}", f"{lv['tpot_ms_median']:.1f}",
-                  f"{lv['tpot_ms_p99']:.1f}", f"{lv['itl_ms_median']:.1f}", f"{lv['itl_ms_p99']:.1f}",
-                  str(lv["errors"]), _others_cell(lv))
+    """Two tables: throughput per level, then latency percentiles per level and metric."""
     from swarmfactory.contention import BUSY
 
+    rate = result.get("request_rate")
+    t = Table(title=title or f"{result['url']}  in={result['input_len']} tokens ({result.get('dataset', 'random')}) "
+                              f"out={result['output_len']} tokens  prompts={result['num_prompts']}  "
+                              + (f"Poisson {rate:g} req/s" if rate else "all at once"))
+    slo = result.get("slo")
+    cols = ["conc", "out (tok/s)", "requests (req/s)"] + (["goodput (req/s)"] if slo else []) + [
+        "TTFT p50 (ms)", "TPOT p50 (ms)", "errors", "others (%)"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    lat = Table(title="latency (ms)")
+    for col in ("conc", "metric", "p50 (ms)", "p90 (ms)", "p99 (ms)"):
+        lat.add_column(col, justify="right")
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2E"}
+    for lv in result["levels"]:
+        pc = lv.get("percentiles") or {}
+        row = [str(lv["concurrency"]), f"{lv['output_tok_s']:.1f}", f"{lv['request_s']:.2f}"]
+        if slo:
+            g = lv.get("goodput") or {}
+            row.append(f"{g.get('request_s', 0):.2f} ({g.get('share', 0):.0%})")
+        row += [f"{lv['ttft_ms_median']:.0f}", f"{lv['tpot_ms_median']:.1f}", str(lv["errors"]), _others_cell(lv)]
+        t.add_row(*row)
+        for key, name in names.items():
+            q = pc.get(key) or {}
+            lat.add_row(str(lv["concurrency"]), name, *(f"{q.get(k, float('nan')):.1f}" for k in ("p50", "p90", "p99")))
     con = Console(width=max(120, Console().width))
     con.print(t)
+    if any(lv.get("percentiles") for lv in result["levels"]):
+        con.print(lat)
     con.print(f"others %: the CPUs' share used by other processes than the server and this client; a level "
               f"over {BUSY:.0%} is measured again, busy if it stays so", highlight=False)
+    if slo:
+        con.print("goodput: requests/s that met every SLO (" + ", ".join(f"{k[:-3].upper()} <= {v:g} ms"
+                                                                         for k, v in slo.items())
+                  + "), and their share of all requests", highlight=False)
 
 
 def main(argv: list[str] | None = None) -> None:

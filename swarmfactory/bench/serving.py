@@ -1,10 +1,15 @@
 """Load generator for any OpenAI-compatible server (like ``vllm bench serve``).
 
-Fixed input and output lengths (prompts are seeded random token ids sent to /v1/completions,
-``ignore_eos`` so every request produces exactly ``output_len`` tokens), streaming on, warmup
-requests first, then one closed-loop run per concurrency level. Reports output tok/s,
-request/s, TTFT, TPOT = (E2E - TTFT) / (out - 1) and ITL (median and p99) and errors.
-Prefix caching is neutralised: every prompt is distinct random tokens.
+Fixed output lengths (``ignore_eos``, so every request produces exactly ``output_len`` tokens)
+and prompts of ``input_len`` tokens: seeded random token ids (``dataset="random"``), or seeded
+windows of the bundled English text (``"text"``, about ``input_len`` tokens: the server's usage
+counts them), sent to /v1/completions, streaming on, warm-up requests first. Per concurrency
+level, the requests go all at once (a closed loop: at most ``concurrency`` in flight) or, with
+``request_rate``, arrive as a seeded Poisson process of that many requests/s (still at most
+``concurrency`` in flight). Reports output tok/s, request/s, TTFT, TPOT = (E2E - TTFT) / (out -
+1), ITL and E2E latency (p50, p90, p99; the median and p99 fields stay for older readers),
+errors, and with an SLO (``parse_slo``: TTFT, TPOT, E2E limits in ms) the goodput: requests/s
+that met every limit. Prefix caching is neutralised: every prompt is distinct.
 
 Contention (``swarmfactory/contention.py``): every level records what else ran on the machine
 while it was measured, in its ``contention`` dict. The criterion is ``others``: the share of the
@@ -50,6 +55,7 @@ class RequestResult:
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)  # gaps between streamed chunks after the first
     output_tokens: int = 0
+    prompt_tokens: int = 0
     error: str = ""
 
 
@@ -71,6 +77,11 @@ class LevelResult:
     output_tokens: int
     error_samples: list[str] = field(default_factory=list)
     contention: dict | None = None  # what else ran while it was measured (see the module docstring)
+    request_rate: float | None = None  # Poisson arrivals at this many requests/s (None: all at once)
+    prompt_tokens_mean: float = 0.0  # as the server counted them (usage)
+    # {"ttft_ms": {"p50": ..., "p90": ..., "p99": ...}, "tpot_ms": ..., "itl_ms": ..., "e2el_ms": ...}
+    percentiles: dict = field(default_factory=dict)
+    goodput: dict | None = None  # {"slo": {"ttft_ms": 500, ...}, "request_s": ..., "share": ...}
 
 
 # -- contention: whose CPU time is ours, one level's attempts ----------------------------------------
@@ -359,6 +370,61 @@ def make_prompts(n: int, input_len: int, seed: int, vocab_lo: int = 100, vocab_h
     return [[rng.randrange(vocab_lo, vocab_hi) for _ in range(input_len)] for _ in range(n)]
 
 
+WORDS_PER_TOKEN = 0.75  # English prose in a BPE vocabulary: about 3 words to 4 tokens
+
+
+def text_prompts(n: int, input_len: int, seed: int) -> list[str]:
+    """Seeded windows of the bundled English text (the engine's perplexity text), about
+    ``input_len`` tokens each (``WORDS_PER_TOKEN``; the server's usage counts the real number):
+    prompts a model reads as language, as a dataset of real prompts is, on any server."""
+    from importlib.resources import files
+
+    words = files("swarmfactory.engine").joinpath("data/ppl_text.txt").read_text().split()
+    want = max(1, round(input_len * WORDS_PER_TOKEN))
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        start = rng.randrange(len(words))
+        out.append(" ".join(words[(start + k) % len(words)] for k in range(want)))
+    return out
+
+
+def arrivals(n: int, rate: float | None, seed: int) -> list[float]:
+    """Seconds from the start at which each of ``n`` requests is sent: a Poisson process of
+    ``rate`` requests/s (exponential gaps, seeded), or all at once when ``rate`` is None."""
+    if rate is None or rate == float("inf"):
+        return [0.0] * n
+    if rate <= 0:
+        raise ValueError(f"request rate must be positive, got {rate}")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+PERCENTILES = (50, 90, 99)
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+def parse_slo(items: list[str]) -> dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` (milliseconds, as ``vllm bench serve --goodput``) ->
+    ``{"ttft_ms": 500.0, "tpot_ms": 50.0}``; ValueError naming a bad item."""
+    out = {}
+    for item in items:
+        key, _, val = item.partition(":")
+        name = key.strip().lower() + "_ms"
+        try:
+            ms = float(val)
+        except ValueError:
+            ms = -1.0
+        if name not in SLO_KEYS or ms <= 0:
+            raise ValueError(f"bad SLO {item!r}: use ttft:MS, tpot:MS or e2el:MS with MS > 0")
+        out[name] = ms
+    return out
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -368,10 +434,10 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str | None, prompt: list[int], output_len: int,
-                      headers: dict) -> RequestResult:
+async def one_request(client: httpx.AsyncClient, url: str, model: str | None, prompt: list[int] | str,
+                      output_len: int, headers: dict) -> RequestResult:
     body = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}, "cache_prompt": False}
+            "stream_options": {"include_usage": True}, "cache_prompt": False}  # llama-server: no prompt cache
     if model:
         body["model"] = model
     r = RequestResult(ok=False)
@@ -397,6 +463,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str | None, pr
                     return r
                 if msg.get("usage"):
                     usage_tokens = msg["usage"].get("completion_tokens")
+                    r.prompt_tokens = int(msg["usage"].get("prompt_tokens") or 0)
                 choices = msg.get("choices") or []
                 if choices and choices[0].get("text"):
                     now = time.perf_counter()
@@ -416,33 +483,60 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str | None, pr
     return r
 
 
-async def run_level(url: str, prompts: list[list[int]], output_len: int, concurrency: int, model: str | None = None,
-                    api_key: str | None = None, timeout: float = 600.0) -> LevelResult:
+async def run_level(url: str, prompts: list, output_len: int, concurrency: int, model: str | None = None,
+                    api_key: str | None = None, timeout: float = 600.0, request_rate: float | None = None,
+                    seed: int = 0, slo: dict | None = None) -> LevelResult:
+    """Send ``prompts`` (token-id lists or text) with at most ``concurrency`` in flight: all at
+    once (a closed loop), or arriving as a Poisson process of ``request_rate`` requests/s."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     results: list[RequestResult] = []
-    queue = list(prompts)
+    gate = asyncio.Semaphore(concurrency)
+    times = arrivals(len(prompts), request_rate, seed)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        async def worker():
-            while queue:
-                p = queue.pop()
+        t0 = time.perf_counter()
+
+        async def send(p, at: float):
+            wait = at - (time.perf_counter() - t0)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            async with gate:
                 results.append(await one_request(client, url, model, p, output_len, headers))
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(send(p, at) for p, at in zip(prompts, times)))
         dur = time.perf_counter() - t0
+    return summarise(results, len(prompts), concurrency, dur, request_rate, slo)
+
+
+def summarise(results: list[RequestResult], num_prompts: int, concurrency: int, dur: float,
+              request_rate: float | None = None, slo: dict | None = None) -> LevelResult:
     ok = [r for r in results if r.ok]
-    ttft = [r.ttft * 1e3 for r in ok]
-    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) * 1e3 for r in ok if r.output_tokens > 1]
-    itl = [x * 1e3 for r in ok for x in r.itl]
+    per = {"ttft_ms": [r.ttft * 1e3 for r in ok],
+           "tpot_ms": [(r.e2e - r.ttft) / (r.output_tokens - 1) * 1e3 for r in ok if r.output_tokens > 1],
+           "itl_ms": [x * 1e3 for r in ok for x in r.itl],
+           "e2el_ms": [r.e2e * 1e3 for r in ok]}
+    ttft, tpot, itl = per["ttft_ms"], per["tpot_ms"], per["itl_ms"]
     out = sum(r.output_tokens for r in ok)
+    good = None
+    if slo:
+        def meets(r: RequestResult) -> bool:
+            v = {"ttft_ms": r.ttft * 1e3, "e2el_ms": r.e2e * 1e3,
+                 "tpot_ms": (r.e2e - r.ttft) / (r.output_tokens - 1) * 1e3 if r.output_tokens > 1 else 0.0}
+            return all(v[k] <= lim for k, lim in slo.items())
+
+        n_good = sum(1 for r in ok if meets(r))
+        good = {"slo": dict(slo), "request_s": n_good / dur, "share": n_good / max(1, num_prompts)}
     return LevelResult(
-        concurrency=concurrency, num_prompts=len(prompts), completed=len(ok), errors=len(results) - len(ok),
+        concurrency=concurrency, num_prompts=num_prompts, completed=len(ok), errors=len(results) - len(ok),
         duration_s=dur, output_tok_s=out / dur, request_s=len(ok) / dur,
         ttft_ms_median=_pct(ttft, 0.5), ttft_ms_p99=_pct(ttft, 0.99),
         tpot_ms_median=_pct(tpot, 0.5), tpot_ms_p99=_pct(tpot, 0.99),
         itl_ms_median=_pct(itl, 0.5), itl_ms_p99=_pct(itl, 0.99), output_tokens=out,
         error_samples=sorted({r.error for r in results if not r.ok})[:3],
+        request_rate=request_rate,
+        prompt_tokens_mean=(sum(r.prompt_tokens for r in ok) / len(ok)) if ok else 0.0,
+        percentiles={k: {f"p{q}": _pct(v, q / 100) for q in PERCENTILES} for k, v in per.items()},
+        goodput=good,
     )
 
 
@@ -460,11 +554,17 @@ async def _detect_model(url: str, api_key: str | None) -> str | None:
 async def bench(url: str, concurrencies: list[int], input_len: int = 128, output_len: int = 128,
                 num_prompts: int = 64, seed: int = 0, warmup: int = 2, model: str | None = None,
                 api_key: str | None = None, on_level=None, server_pid: int | None = None,
-                repeats: int | None = None, quiet_wait_s: float | None = None) -> dict:
+                repeats: int | None = None, quiet_wait_s: float | None = None, request_rate: float | None = None,
+                dataset: str = "random", slo: dict | None = None) -> dict:
     """Warm up, then one run per concurrency level (a disturbed one again, see the module
     docstring); returns a JSON-able dict. ``server_pid``: the server's process, where known
     (else it is found by the port it listens on); ``repeats``, ``quiet_wait_s``: default
-    ``LEVEL_REPEATS``, ``QUIET_WAIT_S``."""
+    ``LEVEL_REPEATS``, ``QUIET_WAIT_S``. ``request_rate``: Poisson arrivals (requests/s) with
+    the level's concurrency as the most in flight; ``dataset``: ``random`` token ids or ``text``
+    (windows of the bundled English text); ``slo``: ``parse_slo``'s limits for goodput."""
+    if dataset not in ("random", "text"):
+        raise ValueError(f"dataset must be random or text, got {dataset!r}")
+    make = make_prompts if dataset == "random" else text_prompts
     url = url.rstrip("/")
     model = model or await _detect_model(url, api_key)
     meter = ServingMeter.for_url(url, server_pid)
@@ -473,14 +573,15 @@ async def bench(url: str, concurrencies: list[int], input_len: int = 128, output
         warnings.append(f"no process of ours listens on {url}: its CPU time cannot be told from other work, "
                         "so contention (others) is not measured")
     if warmup:
-        await run_level(url, make_prompts(warmup, input_len, seed + 10_000), output_len, min(warmup, 4), model, api_key)
+        await run_level(url, make(warmup, input_len, seed + 10_000), output_len, min(warmup, 4), model, api_key)
     levels = []
     for i, c in enumerate(concurrencies):
         # seeded: the same prompts on every server; distinct per level (and per repeat) so no
         # server can answer a level from a prompt cache filled by the previous one
         def one(attempt: int, i=i, c=c):
-            prompts = make_prompts(num_prompts, input_len, seed + 1 + i + REPEAT_SEED * attempt)
-            return run_level(url, prompts, output_len, c, model, api_key)
+            level_seed = seed + 1 + i + REPEAT_SEED * attempt
+            return run_level(url, make(num_prompts, input_len, level_seed), output_len, c, model, api_key,
+                             request_rate=request_rate, seed=level_seed, slo=slo)
 
         res, _ = await measure_level_async(one, meter, repeats, quiet_wait_s)
         levels.append(res)
@@ -491,7 +592,8 @@ async def bench(url: str, concurrencies: list[int], input_len: int = 128, output
     if line:
         warnings.append(line)
     return {"url": url, "model": model, "input_len": input_len, "output_len": output_len,
-            "num_prompts": num_prompts, "seed": seed, "warmup": warmup, "levels": out, "warnings": warnings}
+            "num_prompts": num_prompts, "seed": seed, "warmup": warmup, "request_rate": request_rate,
+            "dataset": dataset, "slo": slo, "levels": out, "warnings": warnings}
 
 
 def bench_sync(url: str, concurrencies: list[int], **kw) -> dict:

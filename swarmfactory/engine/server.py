@@ -60,7 +60,9 @@ class _Common(BaseModel):
 
 
 # Fields a client may send that cannot change the answer: accepted and ignored.
-HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+# (``cache_prompt``: llama.cpp's switch for its prompt cache, which never changes an answer.)
+HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                      "cache_prompt"})
 
 
 class ChatMessage(BaseModel):
