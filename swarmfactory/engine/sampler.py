@@ -40,24 +40,37 @@ class TokenLogprob:
 
 
 def _penalise(logits: torch.Tensor, rows: list[int], seqs) -> None:
-    """Repetition, frequency and presence penalties and logit_bias, in place, on ``rows``."""
+    """Repetition, frequency and presence penalties and logit_bias, in place, on ``rows``: one
+    scatter of every row's tokens into a [rows, V] count matrix, then whole-matrix operations."""
     V = logits.shape[1]
-    for r in rows:  # one vectorised update per row; the per-row work is a bincount, not a vocab loop
-        p = seqs[r].params
-        row = logits[r]
-        out = seqs[r].output_ids
-        if p.repetition_penalty != 1.0:
-            seen = torch.zeros(V, dtype=torch.bool)
-            seen[torch.tensor(list(seqs[r].prompt_ids) + list(out), dtype=torch.long).clamp_(0, V - 1)] = True
-            rp = p.repetition_penalty
-            row[seen] = torch.where(row[seen] > 0, row[seen] / rp, row[seen] * rp)
-        if out and (p.frequency_penalty or p.presence_penalty):
-            counts = torch.bincount(torch.tensor(out, dtype=torch.long).clamp_(0, V - 1), minlength=V)[:V]
-            row -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty * (counts > 0).to(row.dtype)
-        if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long)
-            keep = ids < V
-            row.index_add_(0, ids[keep], torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype)[keep])
+    params = [seqs[r].params for r in rows]
+    idx = torch.tensor(rows, dtype=torch.long)
+    sub = logits[idx]
+    n = len(rows)
+
+    def scatter(token_lists) -> torch.Tensor:
+        r = torch.tensor([k for k, ts in enumerate(token_lists) for _ in ts], dtype=torch.long)
+        t = torch.tensor([x for ts in token_lists for x in ts], dtype=torch.long).clamp_(0, V - 1)
+        counts = torch.zeros(n, V, dtype=sub.dtype)
+        if len(t):
+            counts.index_put_((r, t), torch.ones(len(t), dtype=sub.dtype), accumulate=True)
+        return counts
+
+    counts = scatter([seqs[r].output_ids for r in rows])
+    rep = torch.tensor([p.repetition_penalty for p in params], dtype=sub.dtype)[:, None]
+    if bool((rep != 1.0).any()):
+        seen = (counts > 0) | (scatter([seqs[r].prompt_ids if p.repetition_penalty != 1.0 else ()
+                                        for r, p in zip(rows, params)]) > 0)
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    freq = torch.tensor([p.frequency_penalty for p in params], dtype=sub.dtype)[:, None]
+    pres = torch.tensor([p.presence_penalty for p in params], dtype=sub.dtype)[:, None]
+    if bool((freq != 0).any() or (pres != 0).any()):
+        sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
+    bias = [(k, t, b) for k, p in enumerate(params) for t, b in p.logit_bias if 0 <= t < V]
+    if bias:
+        sub.index_put_((torch.tensor([k for k, _, _ in bias]), torch.tensor([t for _, t, _ in bias])),
+                       torch.tensor([b for _, _, b in bias], dtype=sub.dtype), accumulate=True)
+    logits[idx] = sub
 
 
 def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

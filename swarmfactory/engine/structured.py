@@ -110,7 +110,7 @@ def _xgr():
     try:
         import xgrammar
     except ImportError as e:  # pragma: no cover - xgrammar is installed with the engine
-        raise RuntimeError("structured output needs xgrammar (pip install xgrammar==0.1.25)") from e
+        raise RuntimeError("structured output needs xgrammar (pip install xgrammar==0.2.9)") from e
     return xgrammar
 
 
