@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from swarmfactory import contention as C  # noqa: E402
 from swarmfactory.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
+# a short bounded field, then one long string: every row stays constrained for the whole run
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
-                                           "story": {"type": "string"}}, "required": ["title", "story"]}
+                                           "story": {"type": "string", "minLength": 2000}},
+          "required": ["title", "story"]}
 
 
 def variants(tokens: int) -> dict[str, SamplingParams]:

@@ -40,37 +40,39 @@ class TokenLogprob:
 
 
 def _penalise(logits: torch.Tensor, rows: list[int], seqs) -> None:
-    """Repetition, frequency and presence penalties and logit_bias, in place, on ``rows``: one
-    scatter of every row's tokens into a [rows, V] count matrix, then whole-matrix operations."""
+    """Repetition, frequency and presence penalties and logit_bias, in place, on ``rows``: only
+    the (row, token) cells a penalty or bias touches are read and written (one gather and one
+    scatter over the batch), never a [rows, vocabulary] matrix: Gemma's 262k vocabulary made
+    that 0.66x the plain throughput at 16 streams."""
     V = logits.shape[1]
+    flat = logits.view(-1)  # the caller's own contiguous copy
+
+    def cells(token_lists: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(unique flat indices row * V + token, how often each occurs, the position of its row in ``rows``)."""
+        keys = [r * V + min(max(int(t), 0), V - 1) for r, ts in zip(rows, token_lists) for t in ts]
+        if not keys:
+            empty = torch.zeros(0, dtype=torch.long)
+            return empty, empty, empty
+        uniq, counts = torch.unique(torch.tensor(keys, dtype=torch.long), return_counts=True)
+        pos = {r: k for k, r in enumerate(rows)}
+        return uniq, counts, torch.tensor([pos[int(u) // V] for u in uniq.tolist()], dtype=torch.long)
+
     params = [seqs[r].params for r in rows]
-    idx = torch.tensor(rows, dtype=torch.long)
-    sub = logits[idx]
-    n = len(rows)
-
-    def scatter(token_lists) -> torch.Tensor:
-        r = torch.tensor([k for k, ts in enumerate(token_lists) for _ in ts], dtype=torch.long)
-        t = torch.tensor([x for ts in token_lists for x in ts], dtype=torch.long).clamp_(0, V - 1)
-        counts = torch.zeros(n, V, dtype=sub.dtype)
-        if len(t):
-            counts.index_put_((r, t), torch.ones(len(t), dtype=sub.dtype), accumulate=True)
-        return counts
-
-    counts = scatter([seqs[r].output_ids for r in rows])
-    rep = torch.tensor([p.repetition_penalty for p in params], dtype=sub.dtype)[:, None]
+    rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)
     if bool((rep != 1.0).any()):
-        seen = (counts > 0) | (scatter([seqs[r].prompt_ids if p.repetition_penalty != 1.0 else ()
-                                        for r, p in zip(rows, params)]) > 0)
-        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    freq = torch.tensor([p.frequency_penalty for p in params], dtype=sub.dtype)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], dtype=sub.dtype)[:, None]
+        keys, _, k = cells([list(seqs[r].prompt_ids) + list(seqs[r].output_ids) if p.repetition_penalty != 1.0
+                            else () for r, p in zip(rows, params)])
+        v = flat[keys]
+        flat[keys] = torch.where(v > 0, v / rep[k], v * rep[k])
+    freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype)
+    pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype)
     if bool((freq != 0).any() or (pres != 0).any()):
-        sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
-    bias = [(k, t, b) for k, p in enumerate(params) for t, b in p.logit_bias if 0 <= t < V]
+        keys, counts, k = cells([seqs[r].output_ids for r in rows])
+        flat[keys] -= freq[k] * counts.to(logits.dtype) + pres[k]
+    bias = [(r * V + t, b) for r, p in zip(rows, params) for t, b in p.logit_bias if 0 <= t < V]
     if bias:
-        sub.index_put_((torch.tensor([k for k, _, _ in bias]), torch.tensor([t for _, t, _ in bias])),
-                       torch.tensor([b for _, _, b in bias], dtype=sub.dtype), accumulate=True)
-    logits[idx] = sub
+        flat.index_put_((torch.tensor([i for i, _ in bias], dtype=torch.long),),
+                        torch.tensor([b for _, b in bias], dtype=logits.dtype), accumulate=True)
 
 
 def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -108,12 +110,14 @@ def sample(logits: torch.Tensor, seqs: list) -> tuple[list[int], list[TokenLogpr
     R, V = logits.shape
     params = [s.params for s in seqs]
     want_lp = [r for r, p in enumerate(params) if p.logprobs is not None]
-    raw_lp = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
+    raw_lp = None
+    if want_lp:  # the model's logits, before anything below touches them (no copy when all rows ask)
+        raw_lp = torch.log_softmax(logits if len(want_lp) == R else logits[want_lp], dim=-1)
 
     touched = [r for r, p in enumerate(params) if p.penalised]
     grammars = [getattr(s, "grammar", None) for s in seqs]
     if touched or any(g is not None for g in grammars):
-        logits = logits.clone()
+        logits = logits.clone(memory_format=torch.contiguous_format)
         if touched:
             _penalise(logits, touched, seqs)
         if any(g is not None for g in grammars):
@@ -143,12 +147,14 @@ def sample(logits: torch.Tensor, seqs: list) -> tuple[list[int], list[TokenLogpr
     out = tokens.tolist()
 
     lps: list[TokenLogprob | None] = [None] * R
-    for j, r in enumerate(want_lp):
-        n = params[r].logprobs
-        row = raw_lp[j]
-        top = ()
-        if n:
-            v, i = row.topk(min(n, V))
-            top = tuple(zip(i.tolist(), v.tolist()))
-        lps[r] = TokenLogprob(out[r], float(row[out[r]]), top)
+    if want_lp:
+        chosen = raw_lp[torch.arange(len(want_lp)), torch.tensor([out[r] for r in want_lp])].tolist()
+        k = min(V, max(params[r].logprobs for r in want_lp))
+        best_v, best_i = raw_lp.topk(k, dim=-1) if k else (None, None)  # one topk for the batch
+        best_v = best_v.tolist() if k else None
+        best_i = best_i.tolist() if k else None
+        for j, r in enumerate(want_lp):
+            n = params[r].logprobs
+            top = tuple(zip(best_i[j][:n], best_v[j][:n])) if n else ()
+            lps[r] = TokenLogprob(out[r], chosen[j], top)
     return out, lps

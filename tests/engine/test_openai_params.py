@@ -76,7 +76,8 @@ def test_logprobs_are_exactly_the_log_softmax_of_the_logits_the_sampler_saw():
             assert len(lp.top) == seq.params.logprobs
             if lp.top:
                 v, i = row.topk(4)
-                assert [x for x, _ in lp.top] == i.tolist() and [y for _, y in lp.top] == v.tolist()
+                assert [x for x, _ in lp.top] == i.tolist()
+                assert [y for _, y in lp.top] == v.tolist()
 
 
 def test_completion_logprobs_shape_and_streaming_equals_whole(client, model_id):
