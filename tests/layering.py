@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "swarmfactory"
 
 # From the bottom up. One line a layer; units on one line may not import each other.
 LAYERS: list[tuple[str, ...]] = [
-    ("redact", "hardware", "outcome", "layouts", "config", "kernelref"),  # leaves: the standard library and pip only
+    ("redact", "hardware", "outcome", "layouts", "config", "kernelref", "heap"),  # leaves: the standard library and pip only
     ("contention", "lifecycle"),  # processes: what is running, what we started
     ("backends",),  # build a source into something runnable (no store, no problem)
     ("tools",),  # tool versions (the C backend's compiler among them)

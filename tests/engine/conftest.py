@@ -80,3 +80,19 @@ def server(model_path):
     s = Server("--max-batch", "4", "--max-seq-len", "512")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official ``openai`` client on the session's server (no retries: an error is the answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_id(server):
+    """The id the session's server serves (its first /v1/models entry)."""
+    import httpx
+
+    return httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]

@@ -17,16 +17,6 @@ from engine_support import get_engine
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(server):
-    return httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-
-
 def test_chat_logprobs_are_the_log_softmax_of_the_engine_logits(client, model_id):
     r = client.chat.completions.create(model=model_id, messages=PROMPT, max_tokens=8, temperature=0,
                                        logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import openai
 import pytest
 
@@ -62,16 +61,6 @@ def test_a_template_without_tools_gets_them_in_a_system_message():
     assert json.loads(msgs[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Rome"}}
     assert msgs[3] == {"role": "user", "content": "Result of the call c1: 18 C"}
     assert tools.template_knows_tools("{% if tools %}...{% endif %}") and not tools.template_knows_tools("{{ x }}")
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(server):
-    return httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
 
 def _valid_weather(args: dict) -> None:
