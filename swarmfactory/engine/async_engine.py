@@ -14,12 +14,15 @@ runs the loop on a helper thread instead (for embedding the app in another serve
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from dataclasses import dataclass
 
 from .engine import Engine
 from .sampler import TokenLogprob
+
+log = logging.getLogger("swarmfactory.engine")
 from .sequence import SamplingParams, Sequence
 
 
@@ -119,7 +122,12 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if kind == "add":
-                h.seq = eng.add_request(h.prompt_ids, h.params)
+                try:
+                    h.seq = eng.add_request(h.prompt_ids, h.params)
+                except Exception as e:  # one request the engine cannot take ends alone, never the loop
+                    log.warning("request refused by the engine: %s: %s", type(e).__name__, e)
+                    self._emit(h, Event("", None, True, "error", len(h.prompt_ids), 0))
+                    continue
                 h.seq.handle = h
             elif kind == "abort" and h.seq is not None and not h.done:
                 eng.abort(h.seq)

@@ -56,6 +56,8 @@ class SamplingParams:
             raise ValueError("logit_bias values must be in [-100, 100]")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError("top_logprobs must be in [0, 20]")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError("seed must be a 64-bit integer")
 
     @property
     def greedy(self) -> bool:

@@ -281,6 +281,8 @@ class _Api:
             grammars.compile(specs[0])
         except ValueError as e:
             raise ApiError(400, f"structured output: {e}", "response_format") from None
+        except RecursionError:
+            raise ApiError(400, "structured output: the schema is nested too deeply", "response_format") from None
         return json.dumps(specs[0], separators=(",", ":"))  # property order kept: it is the order generated
 
     def _params(self, req: _Common, prompt_ids: list[int], max_tokens: int | None,

@@ -242,3 +242,36 @@ def test_json_object_regex_and_choice_constrain_the_output(client, model_id):
                        ({"response_format": {"type": "yaml"}}, "response_format")):
         with pytest.raises(openai.BadRequestError, match=match):
             client.chat.completions.create(model=model_id, messages=PROMPT, max_tokens=4, extra_body=bad)
+
+
+def test_hostile_values_are_a_400_and_the_server_goes_on(client, model_id):
+    deep = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    for extra, match in (({"seed": 2**70, "temperature": 1.0}, "seed"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"schema": deep}}},
+                          "nested too deeply")):
+        with pytest.raises(openai.BadRequestError, match=match):
+            client.chat.completions.create(model=model_id, messages=PROMPT, max_tokens=4, extra_body=extra)
+    assert client.chat.completions.create(model=model_id, messages=PROMPT, max_tokens=2).choices[0].message.content
+
+
+def test_a_request_the_engine_refuses_ends_alone_and_the_loop_goes_on():
+    from swarmfactory.engine import SamplingParams
+    from swarmfactory.engine.async_engine import AsyncEngine
+
+    engine = get_engine("q4_1")
+    ae = AsyncEngine(engine)
+    ae.start_thread()
+
+    async def run():
+        bad = ae.submit([10**9], SamplingParams(max_tokens=2))  # past the server's checks: refused inside
+        good = ae.submit(engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=3))
+        return [ev async for ev in bad], [ev async for ev in good]
+
+    try:
+        bad, good = asyncio.run(asyncio.wait_for(run(), 120))  # a dead loop would never answer
+    finally:
+        ae.shutdown()
+    assert [e.finish_reason for e in bad] == ["error"]
+    assert good[-1].finish_reason == "length" and good[-1].completion_tokens == 3 and ae.error is None
