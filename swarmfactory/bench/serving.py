@@ -58,6 +58,11 @@ class RequestResult:
     prompt_tokens: int = 0
     error: str = ""
 
+    @property
+    def tpot_ms(self) -> float | None:
+        """(E2E - TTFT) / (output tokens - 1) in ms; None with fewer than two tokens."""
+        return (self.e2e - self.ttft) / (self.output_tokens - 1) * 1e3 if self.output_tokens > 1 else None
+
 
 @dataclass
 class LevelResult:
@@ -512,7 +517,7 @@ def summarise(results: list[RequestResult], num_prompts: int, concurrency: int, 
               request_rate: float | None = None, slo: dict | None = None) -> LevelResult:
     ok = [r for r in results if r.ok]
     per = {"ttft_ms": [r.ttft * 1e3 for r in ok],
-           "tpot_ms": [(r.e2e - r.ttft) / (r.output_tokens - 1) * 1e3 for r in ok if r.output_tokens > 1],
+           "tpot_ms": [r.tpot_ms for r in ok if r.tpot_ms is not None],
            "itl_ms": [x * 1e3 for r in ok for x in r.itl],
            "e2el_ms": [r.e2e * 1e3 for r in ok]}
     ttft, tpot, itl = per["ttft_ms"], per["tpot_ms"], per["itl_ms"]
@@ -521,7 +526,7 @@ def summarise(results: list[RequestResult], num_prompts: int, concurrency: int, 
     if slo:
         def meets(r: RequestResult) -> bool:
             v = {"ttft_ms": r.ttft * 1e3, "e2el_ms": r.e2e * 1e3,
-                 "tpot_ms": (r.e2e - r.ttft) / (r.output_tokens - 1) * 1e3 if r.output_tokens > 1 else 0.0}
+                 "tpot_ms": r.tpot_ms or 0.0}
             return all(v[k] <= lim for k, lim in slo.items())
 
         n_good = sum(1 for r in ok if meets(r))

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from .engine import Engine
 from .sampler import TokenLogprob
+from .sequence import SamplingParams, Sequence
 
 log = logging.getLogger("swarmfactory.engine")
-from .sequence import SamplingParams, Sequence
 
 
 @dataclass

@@ -149,10 +149,8 @@ def sample(logits: torch.Tensor, seqs: list) -> tuple[list[int], list[TokenLogpr
     lps: list[TokenLogprob | None] = [None] * R
     if want_lp:
         chosen = raw_lp[torch.arange(len(want_lp)), torch.tensor([out[r] for r in want_lp])].tolist()
-        k = min(V, max(params[r].logprobs for r in want_lp))
-        best_v, best_i = raw_lp.topk(k, dim=-1) if k else (None, None)  # one topk for the batch
-        best_v = best_v.tolist() if k else None
-        best_i = best_i.tolist() if k else None
+        best = raw_lp.topk(min(V, max(params[r].logprobs for r in want_lp)), dim=-1)  # one for the batch
+        best_v, best_i = best.values.tolist(), best.indices.tolist()
         for j, r in enumerate(want_lp):
             n = params[r].logprobs
             top = tuple(zip(best_i[j][:n], best_v[j][:n])) if n else ()

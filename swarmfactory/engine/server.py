@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import tools
 from .async_engine import AsyncEngine, Handle
 from .engine import Engine, RequestError
-from .metrics import CONTENT_TYPE_LATEST, AccessLog, Metrics
+from .metrics import ACCESS, CONTENT_TYPE_LATEST, AccessLog, Metrics
 from .sequence import SamplingParams
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -565,8 +565,6 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, api_key: st
     # The step loop releases and retakes the GIL around every torch op; when the HTTP thread
     # holds it, the default 5 ms switch interval can stall a step for that long per op.
     sys.setswitchinterval(0.0005)
-    from .metrics import ACCESS
-
     if access_log and not ACCESS.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
