@@ -133,7 +133,7 @@ class Corridor:
         if reason:
             raise UnavailableKernel(f"{spec}: {who} fails the static check: {reason}")
         try:  # as the harness built it: its cache entry, the same checks
-            art = backend.build(cand.source, problem.name, prototype=problem.c_prototype, checks=True)
+            art = backend.build(cand.source, problem.entry, prototype=problem.c_prototype, checks=True)
         except (BuildError, CheatError) as e:
             raise UnavailableKernel(f"{spec}: {who} did not build: {e}") from None
         tol = problem.tolerance

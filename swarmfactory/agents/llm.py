@@ -212,7 +212,7 @@ class LLMAgent(Agent):
         try:
             text, usage = self.client.chat(messages, self._max_tokens(messages), self.temperature)
             try:
-                source, how = extract_source(text, parent_src, problem.name, problem.backend)
+                source, how = extract_source(text, parent_src, problem.entry, problem.backend)
                 gen = (parent.generation + 1) if parent else 0
                 if operator == "repair":
                     self.repairs.add(content_hash(source, problem.backend))

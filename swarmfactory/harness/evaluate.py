@@ -141,7 +141,7 @@ class Harness:
             if reason:
                 raise Rejected(Outcome.CHEATED, f"static check: {reason}", "static")
             try:
-                prep.artifact = builder.build(source, problem.name, prototype=builder.signature(problem),
+                prep.artifact = builder.build(source, problem.entry, prototype=builder.signature(problem),
                                               checks=self.config.static_checks,
                                               load_checks=self.config.load_checks)
             except CheatError as exc:
@@ -227,7 +227,7 @@ class Harness:
     def _process(self, artifact: Artifact, problem: Problem, arena: Arena, which: str,
                  threads: int | None = None) -> CandidateProcess:
         cpus = self.config.cpus(which)
-        return CandidateProcess(artifact.path, problem.name, arena, cpus, threads or self.timed_threads(),
+        return CandidateProcess(artifact.path, problem.entry, arena, cpus, threads or self.timed_threads(),
                                 mem_gb=self.config.mem_gb, seccomp=self.config.seccomp,
                                 contain=self.config.contain, trace=self.config.trace,
                                 load_timeout=self.config.case_timeout_s * 3)

@@ -259,7 +259,7 @@ def interpret_cases(problem: Problem, cases: list[Case]) -> tuple[list[Case], in
 
 def load_message(problem: Problem, artifact) -> dict:
     """What the worker loads: a Triton module, or a cubin with its launch geometry."""
-    head = {"op": "load", "path": artifact.path, "symbol": problem.name}
+    head = {"op": "load", "path": artifact.path, "symbol": problem.entry}
     if artifact.info.get("launch"):
         head.update(launch=artifact.info["launch"], args=[{"name": a.name} for a in problem.args])
     return head

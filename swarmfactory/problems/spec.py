@@ -168,6 +168,16 @@ class Problem:
     # combinations, drawn one per evaluation (``model_cases``), so a run covers them over time.
     model_shapes: tuple[Mapping[str, int], ...] = ()
     model_draws: tuple[tuple[str, Mapping[str, int]], ...] = ()
+    # The kernel's function name (the C function, the GPU launcher or entry) where it is not the
+    # problem's name: problems derived from a model (``problems/derive.py``) are named
+    # ``<family problem>.<model>`` and keep the family problem's function, so one source serves
+    # every model's variant of an op. "" : ``name``.
+    symbol: str = ""
+
+    @property
+    def entry(self) -> str:
+        """The kernel's function name: ``symbol``, else ``name``."""
+        return self.symbol or self.name
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -187,13 +197,13 @@ class Problem:
 
     @property
     def c_signature(self) -> str:
-        return f"void {self.name}({', '.join(a.c_decl() for a in self.args)})"
+        return f"void {self.entry}({', '.join(a.c_decl() for a in self.args)})"
 
     @property
     def py_signature(self) -> str:
         """The launcher a GPU candidate defines: the same args, in order, as torch tensors (in and
         out, on the device) and Python scalars."""
-        return f"def {self.name}({', '.join(a.name for a in self.args)})"
+        return f"def {self.entry}({', '.join(a.name for a in self.args)})"
 
     @property
     def c_prototype(self) -> str:
