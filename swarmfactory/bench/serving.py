@@ -28,6 +28,7 @@ the pressure low while it takes half of a two-CPU machine.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import os
@@ -369,6 +370,23 @@ def busy_warning(levels, what: str = "") -> str | None:
             f"{C.BUSY:.0%} of the CPUs ({shares}); those figures are not reliable")
 
 
+def random_prompts(vocab: int | None):
+    """``make_prompts`` with ids within a vocabulary of ``vocab`` tokens (None: unknown, the
+    default range): a small model's may hold fewer than 10000."""
+    hi = min(10000, vocab) if vocab else 10000
+    return functools.partial(make_prompts, vocab_lo=min(100, hi // 2), vocab_hi=hi)
+
+
+def served_vocab(url: str, timeout: float = 10) -> int | None:
+    """The vocabulary size the server at ``url`` states in /v1/models (ours does), or None."""
+    try:
+        data = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout).json().get("data") or []
+        vocab = data[0].get("vocab_size") if data and isinstance(data[0], dict) else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return vocab if isinstance(vocab, int) and vocab > 1 else None
+
+
 def make_prompts(n: int, input_len: int, seed: int, vocab_lo: int = 100, vocab_hi: int = 10000) -> list[list[int]]:
     """Seeded random token-id prompts of exactly input_len tokens (same on every server)."""
     rng = random.Random(seed)
@@ -545,15 +563,20 @@ def summarise(results: list[RequestResult], num_prompts: int, concurrency: int, 
     )
 
 
-async def _detect_model(url: str, api_key: str | None) -> str | None:
+async def _detect_model(url: str, api_key: str | None, model: str | None = None) -> tuple[str | None, int | None]:
+    """The served model's id (``model``, else the first of /v1/models) and its vocabulary size
+    where the server says it (ours and vLLM-style servers that add it), else None."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with httpx.AsyncClient(timeout=10) as c:
             r = await c.get(url + "/v1/models", headers=headers)
             data = r.json().get("data") or []
-            return data[0]["id"] if data else None
-    except (httpx.HTTPError, ValueError, KeyError):
-        return None
+    except (httpx.HTTPError, ValueError):
+        return model, None
+    entry = next((d for d in data if isinstance(d, dict) and d.get("id") == model), None) if model else \
+        (data[0] if data and isinstance(data[0], dict) else None)
+    vocab = entry.get("vocab_size") if entry else None
+    return (model or (entry or {}).get("id")), (vocab if isinstance(vocab, int) and vocab > 1 else None)
 
 
 async def bench(url: str, concurrencies: list[int], input_len: int = 128, output_len: int = 128,
@@ -569,9 +592,12 @@ async def bench(url: str, concurrencies: list[int], input_len: int = 128, output
     (windows of the bundled English text); ``slo``: ``parse_slo``'s limits for goodput."""
     if dataset not in ("random", "text"):
         raise ValueError(f"dataset must be random or text, got {dataset!r}")
-    make = make_prompts if dataset == "random" else text_prompts
     url = url.rstrip("/")
-    model = model or await _detect_model(url, api_key)
+    model, vocab = await _detect_model(url, api_key, model)
+    if dataset == "text":
+        make = text_prompts
+    else:
+        make = random_prompts(vocab)
     meter = ServingMeter.for_url(url, server_pid)
     warnings = []
     if not meter.known:

@@ -196,7 +196,8 @@ class _Api:
     async def models(self, request: Request):
         self._guard(request)
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
-                                            "owned_by": "swarmfactory", "max_model_len": self.engine.max_seq_len}]}
+                                            "owned_by": "swarmfactory", "max_model_len": self.engine.max_seq_len,
+                                            "vocab_size": self.engine.hparams.vocab_size}]}
 
     async def _parse(self, request: Request, cls):
         self._guard(request)

@@ -157,8 +157,10 @@ class DesignServer:
         ``deadline``), and stays marked ``busy`` if every attempt was disturbed."""
         import asyncio
 
-        from swarmfactory.bench.serving import REPEAT_SEED, ServingMeter, make_prompts, measure_level_async, run_level
+        from swarmfactory.bench.serving import (REPEAT_SEED, ServingMeter, measure_level_async, random_prompts,
+                                                run_level, served_vocab)
 
+        make_prompts = random_prompts(served_vocab(self.url))  # ids the model has
         meter = ServingMeter([self.proc.pid])  # ours: the design's server (and its children) and the tuner
         out: dict = {}
         for w, (n_in, n_out) in enumerate(cfg.screen_workloads() if screen else cfg.workloads):
