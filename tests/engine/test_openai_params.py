@@ -30,7 +30,9 @@ def test_chat_logprobs_are_the_log_softmax_of_the_engine_logits(client, model_id
     engine = get_engine("q4_1")
     ref = torch.log_softmax(engine.score(prompt_ids + ids)[len(prompt_ids) - 1:-1], dim=-1)
     for k, (entry, t) in enumerate(zip(content, ids)):
-        assert entry.logprob == pytest.approx(float(ref[k, t]), abs=0.1)
+        # two paths' roundings (the native decoder's 8-bit activations, torch's bf16): up to 0.12
+        # seen on a Zen 4 with AVX-512 bf16; the q4_1 bounds of docs/engine.md allow 0.25 (mean)
+        assert entry.logprob == pytest.approx(float(ref[k, t]), abs=0.3)
         assert len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-6)  # greedy: the best
         assert [x.logprob for x in entry.top_logprobs] == sorted((x.logprob for x in entry.top_logprobs), reverse=True)
