@@ -2,3 +2,5 @@
 
 NAMES = ("rmsnorm", "softmax", "swiglu", "rope", "q4_1_matmul", "attention_decode", "layernorm",
          "add_rmsnorm", "geglu", "q8_0_matmul", "q4_1_packed_matvec")
+# quantised matmuls per GGUF block type: loaded by name and by problems derived from a model; not in `all`
+BLOCK_NAMES = ("q4_0_matmul", "q5_0_matmul", "q4_k_matmul", "q5_k_matmul", "q6_k_matmul")

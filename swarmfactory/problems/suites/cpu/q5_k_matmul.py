@@ -1,0 +1,2 @@
+from .qblock import QT, make_problem
+PROBLEM = make_problem(QT.Q5_K)
