@@ -132,14 +132,29 @@ def _print_table(t, wide: bool = False) -> None:
 
 
 @app.command("problems")
-def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), debug: bool = _debug_option()):
-    """List the bundled problems with their ABI, workload, tolerance and design space."""
+def problems_cmd(
+    from_model: Optional[Path] = typer.Option(None, "--from-model", metavar="FILE.gguf",
+                                              help="Derive the problems this model's engine runs, with its shapes and "
+                                                   "call mix, and register them by name (FAMILY.MODEL) for run"),
+    prompt: int = typer.Option(128, "--prompt", min=1, help="With --from-model: prompt tokens a request"),
+    output: int = typer.Option(128, "--output", min=1, help="With --from-model: output tokens a request"),
+    concurrency: str = typer.Option("1,16", "--concurrency", help="With --from-model: the concurrencies served"),
+    name: Optional[str] = typer.Option(None, "--name", help="With --from-model: the model's name in the problems' "
+                                                           "names (default: the file's name)"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP), debug: bool = _debug_option(),
+):
+    """List the bundled problems with their ABI, workload, tolerance and design space; or, with
+    --from-model, derive and register the problems a model's engine runs."""
     import itertools
 
     from swarmfactory.problems import list_problems, load_problem
+    from swarmfactory.problems.suites.cpu import BLOCK_NAMES
 
+    if from_model is not None:
+        _derived_problems(from_model, prompt, output, concurrency, name, as_json)
+        return
     rows = []
-    for name in list_problems(gpu=True):
+    for name in list_problems(gpu=True) + list(BLOCK_NAMES):
         p = load_problem(name)
         combos = [dict(zip(p.knobs, c)) for c in itertools.product(*p.knobs.values())] if p.knobs else []
         rows.append({"name": p.name, "version": p.version,
@@ -148,8 +163,11 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
                      "knobs": {k: list(v) for k, v in p.knobs.items()},
                      "design_space": sum(1 for k in combos if p.valid_knobs(k)),
                      "design_space_total": len(combos)})
+    from swarmfactory.problems.derive import registered_models
+
+    derived = registered_models()
     if as_json:
-        print(json.dumps({"problems": rows}))
+        print(json.dumps({"problems": rows, "derived": derived}))
         return
     t = Table(title="Bundled problems")
     for col in ("problem", "C ABI", "workload", "tolerance", "knobs"):
@@ -161,6 +179,40 @@ def problems_cmd(as_json: bool = typer.Option(False, "--json", help=JSON_HELP), 
         t.add_row(r["name"], r["abi"], wl, f"rtol {r['tolerance']['rtol']:g} atol {r['tolerance']['atol']:g}",
                   f"{len(r['knobs'])} knobs, {space}")
     out.print(t)
+    for model, names in derived.items():
+        out.print(f"Derived from {model} (problems --from-model): {', '.join(names)}", soft_wrap=True)
+
+
+def _derived_problems(path: Path, prompt: int, output: int, concurrency: str, name: Optional[str],
+                      as_json: bool) -> None:
+    from swarmfactory.problems.derive import DeriveError, Scenario, derive, register
+
+    try:
+        conc = tuple(int(c) for c in concurrency.split(",") if c.strip())
+        scenario = Scenario(prompt=prompt, output=output, concurrency=conc)
+    except ValueError:
+        fail(f"--concurrency takes positive integers separated by commas, got {concurrency!r}")
+    try:
+        d = derive(path, scenario, model=name)
+    except DeriveError as e:
+        fail(str(e))
+    where = register(d)
+    if as_json:
+        print(json.dumps({**d.to_json(), "registry": str(where)}))
+        return
+    t = Table(title=f"Problems of {path.name} ({d.architecture}; {prompt} in, {output} out, concurrency "
+                    f"{', '.join(map(str, conc))})")
+    for col in ("problem", "engine ops", "shapes", "est. share"):
+        t.add_column(col, overflow="fold")
+    for p in d.problems:
+        shapes = "; ".join("x".join(str(v) for v in s.values()) for s in p.shapes)
+        t.add_row(p.name, ", ".join(p.ops), shapes, f"{100 * p.share:.1f}%")
+    for u in d.uncovered:
+        t.add_row("[dim]- (none)[/dim]", f"{u['op']}: {u['why']}", "", f"{100 * u['share']:.1f}%")
+    _print_table(t)
+    out.print("Shares are the engine's estimated time per request (exact call counts, roofline time per call). "
+              f"Registered in {where}; run them with:")
+    out.print(f"  swarmfactory run --problems {','.join(p.name for p in d.problems)}", soft_wrap=True)
 
 
 @app.command("eval")
@@ -506,6 +558,91 @@ def report_cmd(
     except ReportWriteError as exc:
         fail(str(exc))
     out.print(f"wrote {path}", markup=False)
+
+
+@app.command("optimize")
+def optimize_cmd(
+    model: Optional[Path] = typer.Argument(None, metavar="MODEL.gguf", help="the model to optimise the stack for"),
+    time_budget: str = typer.Option("2h", "--time", metavar="DURATION", help="wall-clock budget of the whole run "
+                                                                             "(90s, 10m, 1.5h)"),
+    kernel_share: float = typer.Option(0.6, "--kernel-share", help="share of the time for the kernel stage (the rest "
+                                                                   "tunes the engine)"),
+    prompt: int = typer.Option(128, "--prompt", min=1, help="prompt tokens a request, for the call mix and the tune"),
+    output: int = typer.Option(128, "--output", min=2, help="output tokens a request"),
+    concurrency: str = typer.Option("1,16", "--concurrency", help="concurrencies served, comma-separated"),
+    agents: str = typer.Option("default", "--agents", help="the kernel runs' agents (as run --agents)"),
+    min_kernel_run: str = typer.Option("60s", "--min-kernel-run", metavar="DURATION",
+                                       help="the shortest kernel run (a problem whose slice is shorter gets none)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the kernel runs and the tune"),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID", help="continue an interrupted optimize run"),
+    store: Optional[str] = store_option(WRITE_STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    debug: bool = _debug_option(),
+):
+    """Re-optimise the whole stack for MODEL: derive its kernel problems, run the kernel swarm on
+    them (time split by each one's share of the engine's time), then tune the engine with the new
+    champions, verified end to end against the model's fp32 reference. The profile found is what
+    `engine serve --model MODEL` runs. Ctrl-C stops it (exit code 130); --resume RUN_ID continues."""
+    from swarmfactory.config import parse_duration
+    from swarmfactory.optimize import OptimizeConfig, OptimizeError, Optimizer
+    from swarmfactory.problems.derive import DeriveError
+    from swarmfactory.redact import redact
+    from swarmfactory.tune_cli import _Progress
+    from swarmfactory.ui import RichProgress
+
+    if (model is None) == (resume is None):
+        fail("give a MODEL.gguf, or --resume RUN_ID (not both)")
+    cfg = None
+    if model is not None:
+        try:
+            conc = tuple(int(c) for c in concurrency.split(",") if c.strip())
+            secs = parse_duration(time_budget)
+            cfg = OptimizeConfig(model=str(model.resolve()), time_s=secs or 0, kernel_share=kernel_share,
+                                 prompt=prompt, output=output, concurrency=conc, agents=agents, seed=seed,
+                                 min_run_s=parse_duration(min_kernel_run) or 0)
+        except (OptimizeError, ValueError) as e:
+            fail(str(e))
+        if not conc or min(conc) < 1:
+            fail(f"--concurrency takes positive integers separated by commas, got {concurrency!r}")
+    st = open_store(store, create=resume is None, write=True)
+    from swarmfactory import lifecycle
+    from swarmfactory.evidence.processes import ProcessLedger
+
+    lifecycle.watch(ProcessLedger(st))
+    progress = {"kernels": (lambda: None if as_json else RichProgress(err)), "engine": _Progress}
+    try:
+        opt = Optimizer(cfg, st, resume=resume, progress=lambda stage: progress[stage](),
+                        log=lambda m: err.print(m, highlight=False, markup=False))
+    except (OptimizeError, DeriveError) as e:
+        fail(str(e))
+    store_flag = f" --store {shlex.quote(redact(store))}" if store else ""
+    try:
+        opt.run()
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with: swarmfactory optimize --resume {opt.run_id}{store_flag}",
+                  highlight=False, markup=False)
+        raise typer.Exit(130)
+    except (OptimizeError, DeriveError) as e:
+        fail(str(e), 1)
+    summary = opt.summary()
+    if as_json:
+        print(json.dumps(summary))
+        return
+    t = Table(title=f"optimize run {opt.run_id}: {Path(opt.cfg.model).name}")
+    for col in ("problem", "est. share", "champion vs baseline", "kernel time"):
+        t.add_column(col, overflow="fold")
+    for p in summary["problems"]:
+        t.add_row(p["name"], f"{100 * p['share']:.1f}%", _fmt(p["speedup"], ".2f") + ("x" if p["speedup"] else ""),
+                  f"{p['seconds']:.0f} s")
+    _print_table(t)
+    out.print("stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items()))
+    eng = summary.get("engine")
+    if eng:
+        best = eng["best"]
+        out.print(f"engine: default design {eng['default_tok_s']:.1f} tok/s; "
+                  + ("no design passed verification" if best is None else
+                     f"profile {best['ratio']:.2f}x the default: {best['design']}"))
+    out.print(f"serve it: swarmfactory engine serve --model {shlex.quote(opt.cfg.model)}{store_flag}", soft_wrap=True)
 
 
 @app.command("dashboard")

@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from swarmfactory.problems.spec import Arg, Case, Problem, Roofline, Tolerance, check_problem
+from swarmfactory.problems.suites.cpu import BLOCK_NAMES
 from swarmfactory.problems.suites.cpu import NAMES as CPU_NAMES
 from swarmfactory.problems.suites.gpu import NAMES as GPU_NAMES
 
@@ -57,17 +58,26 @@ def load_problem(name_or_path: str) -> Problem:
         return _CACHE[name_or_path]
     if name_or_path.endswith(".py") or "/" in name_or_path:
         problem = _load_file(Path(name_or_path))
-    elif name_or_path in CPU_NAMES:
+    elif name_or_path in CPU_NAMES or name_or_path in BLOCK_NAMES:
         module = importlib.import_module(f"swarmfactory.problems.suites.cpu.{name_or_path}")
         problem = _with_source(_from_module(module, name_or_path), f"swarmfactory.problems.suites.cpu.{name_or_path}")
     elif name_or_path in GPU_NAMES:
         module = importlib.import_module(f"swarmfactory.problems.suites.gpu.{name_or_path}")
         problem = _with_source(_from_module(module, name_or_path), f"swarmfactory.problems.suites.gpu.{name_or_path}")
+    elif _derived_name(name_or_path):
+        from swarmfactory.problems.derive import problem_from_spec, registered
+
+        spec = registered(name_or_path)
+        if spec is None:
+            raise ProblemError(f"unknown problem {name_or_path!r}: no model's derived problems name it; derive "
+                               "them first (swarmfactory problems --from-model FILE.gguf)")
+        problem = problem_from_spec(spec)
     else:
         eps = {ep.name: ep for ep in entry_points(group="swarmfactory.problems")}
         if name_or_path not in eps:
-            known = ", ".join(list(CPU_NAMES) + list(GPU_NAMES) + sorted(eps))
-            raise ProblemError(f"unknown problem {name_or_path!r}; known: {known} (or pass a .py path)")
+            known = ", ".join(list(CPU_NAMES) + list(BLOCK_NAMES) + list(GPU_NAMES) + sorted(eps))
+            raise ProblemError(f"unknown problem {name_or_path!r}; known: {known} (or pass a .py path, or a "
+                               "problem derived from a model: FAMILY.MODEL)")
         obj = eps[name_or_path].load()
         problem = obj if isinstance(obj, Problem) else _from_module(obj, name_or_path)
     try:
@@ -78,9 +88,24 @@ def load_problem(name_or_path: str) -> Problem:
     return problem
 
 
+def _derived_name(name: str) -> bool:
+    """Whether ``name`` is FAMILY.MODEL with a bundled family (``problems/derive.py``)."""
+    family, dot, model = name.partition(".")
+    return bool(dot and model) and family in CPU_NAMES + BLOCK_NAMES
+
+
 def problem_from_source(source: str) -> Problem:
     """The problem a ``Problem.source_path`` names (a ``.py`` file or an importable module, a
-    KernelBench file included): how a worker process gets the problem its parent holds."""
+    KernelBench file included, or a derived problem's ``derived:`` line): how a worker process
+    gets the problem its parent holds."""
+    from swarmfactory.problems.derive import SOURCE_PREFIX
+
+    if source.startswith(SOURCE_PREFIX):
+        import json
+
+        from swarmfactory.problems.derive import problem_from_spec
+
+        return problem_from_spec(json.loads(source[len(SOURCE_PREFIX):]))
     if source.endswith(".py"):
         return _load_file(Path(source))
     module = importlib.import_module(source)
