@@ -2,7 +2,8 @@
 
 - ``so:PATH``: a shared object on disk, built by the user with the problem's C ABI;
 - ``champion:PROBLEM``: the evidence store's current champion of PROBLEM for this hardware;
-- ``champion:PROBLEM@ID``: candidate ID of PROBLEM (a prefix will do), pinned.
+- ``champion:PROBLEM@ID``: candidate ID of PROBLEM (a prefix will do), pinned;
+- several of those joined with ``+``: one op's kernels, one per block type of its weights.
 
 Which candidate may run, and how it is built, is ``champions.py``'s rule; this module only reads
 and writes the names, so a config can be checked without a store.
@@ -10,6 +11,7 @@ and writes the names, so a config can be checked without a store.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PREFIXES = {"so": "so:PATH (a built q4_1_matmul shared object)",
@@ -56,13 +58,25 @@ class KernelRef:
         return self.spec
 
 
+JOIN = "+"  # kernels of one op for different block types: champion:q4_k_matmul@ID+champion:q6_k_matmul@ID
+
+
+def pieces(spec: str) -> list[str]:
+    """The names a kernel name joins (``JOIN``): one op's kernels, one per block type, the first
+    that runs a type taking it. A name without ``JOIN`` is one piece."""
+    if not KernelRef.names_one(spec):
+        return [spec]
+    return re.split(r"\+(?=(?:" + "|".join(PREFIXES) + r"):)", spec)  # a "+" inside a path stays
+
+
 def pins(specs) -> dict[str, str]:
-    """problem -> candidate id, for every pinned champion among ``specs`` (names of other kinds,
-    and registered kernels' names, are skipped)."""
+    """problem -> candidate id, for every pinned champion among ``specs`` (joined names taken
+    apart; names of other kinds, and registered kernels' names, are skipped)."""
     out = {}
     for spec in specs:
-        if KernelRef.names_one(spec):
-            ref = KernelRef.parse(spec)
-            if ref.kind == "champion" and ref.pin:
-                out[ref.target] = ref.pin
+        for one in pieces(spec):
+            if KernelRef.names_one(one):
+                ref = KernelRef.parse(one)
+                if ref.kind == "champion" and ref.pin:
+                    out[ref.target] = ref.pin
     return out

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarmfactory.config import ConfigError  # noqa: F401 (one error type for every bad config, re-exported)
+from swarmfactory import kernelref
 from swarmfactory.kernelref import KernelRef
 
 WeightFormat = Literal["fp32", "bf16", "q4_1"]
@@ -33,8 +34,17 @@ DEFAULT_DENSE_ABOVE = {"qkv": 8, "o": 8, "gate_up": 12, "down": 8, "lm_head": 3}
 DEFAULT_NATIVE_DECODE = 32
 
 # Kernel names with a prefix (swarmfactory/kernelref.py) name a native shared object with the
-# kernel factory's q4_1_matmul ABI (engine/native_seam.py) instead of a registered kernel class.
-NATIVE_PROBLEMS = ("q4_1_matmul",)  # problems whose ABI the engine's linear ops call
+# ABI of one of the kernel factory's block-type matmuls (engine/native_seam.py) instead of a
+# registered kernel class: one problem per GGUF block type, all with q4_1_matmul's ABI, and the
+# problems derived from a model's (FAMILY.MODEL, problems/derive.py).
+NATIVE_PROBLEMS = ("q4_1_matmul", "q4_0_matmul", "q5_0_matmul", "q8_0_matmul", "q4_k_matmul", "q5_k_matmul",
+                   "q6_k_matmul")  # problems whose ABI the engine's linear ops call
+
+
+def native_family(problem: str) -> str | None:
+    """The block-type matmul ``problem`` is (itself, or the family of FAMILY.MODEL), or None."""
+    family = problem.partition(".")[0]
+    return family if family in NATIVE_PROBLEMS else None
 # The kernel factory's problem whose kernels run inside the native decoder (native_matvec).
 NATIVE_MATVEC_PROBLEM = "q4_1_packed_matvec"
 
@@ -95,11 +105,14 @@ class EngineConfig(BaseModel):
       split, so running sequences keep decoding while a long prompt is read.
     - ``kernels``: op -> kernel name for ops in ``OPS``; ops not named use the format's default
       (see ``kernels.default_kernel``). Names come from the kernel registry, or name a native
-      shared object with the kernel factory's q4_1_matmul ABI (``engine/native_seam.py``):
-      ``so:PATH`` (a built library on disk) or ``champion:q4_1_matmul`` (the evidence store's
-      current champion for this hardware, built with the C backend); ``champion:q4_1_matmul@ID``
-      pins candidate ``ID`` (it must have passed the harness on this hardware), which is how an
-      engine design names the champion it was verified with.
+      shared object with the ABI of the kernel factory's block-type matmuls
+      (``engine/native_seam.py``): ``so:PATH`` (a built library on disk exporting one or more of
+      ``q4_1_matmul``, ``q4_k_matmul``...) or ``champion:q4_k_matmul`` (the evidence store's
+      current champion for this hardware, built with the C backend; a problem derived from a
+      model, ``champion:q4_k_matmul.MODEL``, too); ``champion:PROBLEM@ID`` pins candidate ``ID``
+      (it must have passed the harness on this hardware), which is how an engine design names the
+      champion it was verified with. A library runs the parts of the op's weight stored in its
+      block type; the op's other parts run the engine's default kernel.
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
       fp32 is much cheaper per call than in bf16, which dominates decode attention here. int8:
       each token's k and v of each kv head quantised to int8 with its own fp32 scale
@@ -243,13 +256,14 @@ def _kernel_name_problem(op: str, name: str) -> str | None:
     anything (a prefixed name's file or champion is looked up when the engine loads)."""
     if ":" not in name:
         return None if name else f"empty kernel name for op {op!r}"
-    try:
-        ref = KernelRef.parse(name, f" for op {op!r}")
-    except ValueError as e:
-        return str(e)
-    if ref.kind == "champion" and ref.target not in NATIVE_PROBLEMS:
-        return (f"{name!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear "
-                f"ops (the engine calls that problem's C ABI)")
+    for one in kernelref.pieces(name):
+        try:
+            ref = KernelRef.parse(one, f" for op {op!r}")
+        except ValueError as e:
+            return str(e)
+        if ref.kind == "champion" and native_family(ref.target) is None:
+            return (f"{one!r} for op {op!r}: only champions of {', '.join(NATIVE_PROBLEMS)} (or of a problem "
+                    f"derived from them, FAMILY.MODEL) plug into linear ops (the engine calls that problem's C ABI)")
     return None
 
 

@@ -265,9 +265,9 @@ def build_linear(weights: str, op: str, weight: Weight, act_dtype: torch.dtype, 
     kname = name or default_kernel(weights, op, weight)
     try:
         if cls is None and ":" in kname:  # so:PATH; a champion needs the engine's supply (engine/paths.py)
-            from .native_seam import resolve
+            from .native_seam import resolve_joined
 
-            cls = resolve(kname)
+            cls = resolve_joined(kname)
         kernel = (cls or kernel_class(kname))(weight, act_dtype)
     except KernelError as e:
         if name is None or str(e).startswith("kernels."):

@@ -2,22 +2,27 @@
 
 A config names one per op (``EngineConfig.kernels``):
 
-- ``so:PATH``: a shared object on disk that exports ``q4_1_matmul`` with the factory's ABI;
-- ``champion:q4_1_matmul``: the current champion of that problem for this hardware, and
-  ``champion:q4_1_matmul@ID``: candidate ``ID`` pinned. The engine's ``KernelSupply``
+- ``so:PATH``: a shared object on disk that exports one or more of the block-type matmuls
+  (``q4_1_matmul``, ``q4_k_matmul``, ``q6_k_matmul``...: ``FAMILIES``) with the factory's ABI;
+- ``champion:q4_k_matmul``: the current champion of that problem for this hardware (or of a
+  problem derived from a model, ``champion:q4_k_matmul.MODEL``, ``problems/derive.py``), and
+  ``champion:PROBLEM@ID``: candidate ``ID`` pinned. The engine's ``KernelSupply``
   (``engine/supply.py``; the corridor ``swarmfactory/champions.py`` with its one rule on which
   candidate may run here) hands it built, then it is loaded. Engine designs name kernels this
   way, so a design's identity (and its verification) covers the exact kernel; when the champion
   moves on, the design that names the new one is another design, verified and measured afresh.
 
-The ABI is the problem's (``problems/suites/cpu/q4_1_matmul.py``)::
+The ABI is the problems' (``problems/suites/cpu/q4_1_matmul.py``, ``qblock.py``), one function
+per GGUF block type, named after its problem::
 
-    void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch);
+    void q4_k_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch);
 
-``wq``: the weight W [n, k] as GGUF Q4_1 blocks, row after row (n * k / 32 blocks of 20 bytes:
-fp16 d, fp16 m, 16 bytes of nibbles; ``Weight.blocks()``); ``x``: fp32 [batch, k]; ``y``: fp32
-[batch, n], written. Each op call is one ctypes call on the raw data pointers of contiguous
-tensors (bf16 activations are converted to fp32 and the result back).
+``wq``: the weight W [n, k] as stored GGUF blocks of that type, row after row
+(``Weight.blocks()``); ``x``: fp32 [batch, k]; ``y``: fp32 [batch, n], written. A weight's parts
+(q|k|v, gate|up) are cut into runs of one block type: a run in a type the library has a function
+for is one ctypes call on the raw data pointers of contiguous tensors (bf16 activations are
+converted to fp32 and the result back); the other runs run the engine's default kernel for them,
+so a Q4_K_M file's Q6_K layers keep theirs while a ``q4_k_matmul`` champion runs the Q4_K ones.
 
 Trust: the library runs inside the engine's process with all its rights, unlike in the
 harness's sandbox. Only libraries a user names and champions that passed the harness are
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import random
@@ -52,16 +58,28 @@ from typing import ClassVar
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from swarmfactory import kernelref
 from swarmfactory.kernelref import KernelRef
 
-from .config import NATIVE_PROBLEMS
+from .config import NATIVE_PROBLEMS, native_family
 from .kernels import KernelError, LinearKernel, Weight
 from .supply import KernelSupply, NoSupply, UnavailableKernel
 
-PROBLEM = "q4_1_matmul"
-SYMBOL = "q4_1_matmul"
-SIGNATURE = ("void q4_1_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, "
-             "int64_t batch)")
+# The block-type matmul problems whose ABI the engine's linear ops call, and the GGUF block type
+# each takes (one C function per type, all with the same arguments).
+FAMILIES: dict[str, QT] = {"q4_1_matmul": QT.Q4_1, "q4_0_matmul": QT.Q4_0, "q5_0_matmul": QT.Q5_0,
+                           "q8_0_matmul": QT.Q8_0, "q4_k_matmul": QT.Q4_K, "q5_k_matmul": QT.Q5_K,
+                           "q6_k_matmul": QT.Q6_K}
+assert tuple(FAMILIES) == NATIVE_PROBLEMS
+PROBLEM = SYMBOL = "q4_1_matmul"  # the first of them (and the only one before there were others)
+
+
+def signature(symbol: str) -> str:
+    """The C declaration the engine calls for the family problem ``symbol``."""
+    return f"void {symbol}(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch)"
+
+
+SIGNATURE = signature(PROBLEM)
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
 
 # The load-time check: rows of random activations per weight (one, and an odd few for the tails
@@ -70,6 +88,7 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, 
 # that passed the harness is far inside it, a wrong layout, scale or tail far outside.
 CHECK_ROWS = (1, 5)
 CHECK_TOL = 1e-3
+CHECK_REF_ROWS = 1024  # rows of a weight checked against the reference at load, at most (plus the ends)
 # The audit while serving: output rows recomputed per audited call, and the share of calls at an
 # already-audited batch size that are audited (each a fresh random draw the library cannot
 # foresee); an audited call costs about AUDIT_ROWS / out_features of the call plus ~50 us.
@@ -90,7 +109,7 @@ log = logging.getLogger("swarmfactory.engine")
 
 @dataclass(frozen=True)
 class Library:
-    """One loaded shared object and where it came from."""
+    """One loaded shared object, where it came from, and its kernel per block type."""
 
     spec: str  # as the config names it ("so:..." or "champion:...")
     path: str  # the file loaded
@@ -98,16 +117,50 @@ class Library:
     origin: str | None = None  # the file the user named (so:) or where the supply took it from (champion:)
     candidate: str | None = None  # champion: the candidate's id in the store
     speedup: float | None = None  # champion: its recorded speedup
-    fn: object = field(default=None, repr=False, compare=False)  # the ctypes function
+    problem: str | None = None  # champion: the problem it is a candidate of (FAMILY or FAMILY.MODEL)
+    fns: dict = field(default=None, repr=False, compare=False)  # block type -> the ctypes function
+    # block type -> (problem, candidate) where the kernels of a joined name come from several
+    # champions (``join``); else every type is this library's problem and candidate
+    owners: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def qtypes(self) -> frozenset:
+        return frozenset(self.fns)
+
+    def problem_of(self, qtype: QT) -> str:
+        """The problem whose kernel runs ``qtype`` (what a wrong output is reported against)."""
+        if qtype in self.owners:
+            return self.owners[qtype][0]
+        return self.problem or next(f for f, t in FAMILIES.items() if t == qtype)
+
+    def candidate_of(self, qtype: QT) -> str | None:
+        return self.owners[qtype][1] if qtype in self.owners else self.candidate
+
+    @staticmethod
+    def join(spec: str, libs: list["Library"]) -> "Library":
+        """One library of the kernels of ``libs`` (a joined name): for each block type, the first
+        that has one."""
+        fns, owners = {}, {}
+        for lib in libs:
+            for qt, fn in lib.fns.items():
+                if qt not in fns:
+                    fns[qt], owners[qt] = fn, (lib.problem_of(qt), lib.candidate_of(qt))
+        first = libs[0]
+        return Library(spec, "+".join(lib.path for lib in libs), "+".join(lib.sha256 for lib in libs),
+                       origin="+".join(lib.origin or lib.path for lib in libs), candidate=first.candidate,
+                       speedup=first.speedup, problem=first.problem, fns=fns, owners=owners)
 
     def describe(self) -> dict:
-        d = {"spec": self.spec, "path": self.path, "sha256": self.sha256[:16]}
+        d = {"spec": self.spec, "path": self.path, "sha256": self.sha256[:16],
+             "types": sorted(q.name for q in self.fns)}
         if self.origin:
             d["origin"] = self.origin
         if self.candidate:
             d["candidate"] = self.candidate
         if self.speedup is not None:
             d["speedup"] = self.speedup
+        if self.owners:  # a joined name: where each type's kernel comes from
+            d["by_type"] = {qt.name: {"problem": p, "candidate": c} for qt, (p, c) in self.owners.items()}
         return d
 
     def short(self) -> str:
@@ -117,35 +170,67 @@ class Library:
         return f"{self.origin or self.path} (sha256 {self.sha256[:12]})"
 
 
+@dataclass
+class _Run:
+    """Consecutive parts of a weight in one block type: rows r0..r0+rows of the op's output, run by
+    the library (``fn``, on the run's stored blocks) or, in a type it has no kernel for, by the
+    engine's default kernel (``kernel``)."""
+
+    r0: int
+    rows: int
+    qtype: QT
+    parts: list
+    fn: object = None
+    wq: torch.Tensor | None = None
+    kernel: LinearKernel | None = None
+
+    def dequantize_rows(self, rows: list[int]) -> torch.Tensor:
+        """fp32 [len(rows), cols] of the run's weight rows ``rows`` (run-relative)."""
+        out, base = [], 0
+        want = torch.tensor(rows)
+        for p in self.parts:
+            mine = want[(want >= base) & (want < base + p.rows)] - base
+            if len(mine):
+                out.append(p.take(mine.numpy()).dequantize())
+            base += p.rows
+        return torch.cat(out).float()
+
+
 class NativeLinear(LinearKernel):
-    """A linear op run by a shared object with the q4_1_matmul ABI (see the module docstring).
+    """A linear op run by a shared object with the block-type matmul ABI (module docstring).
 
-    Subclasses made by ``kernel_class`` carry the library; ``check`` says whether each weight
-    is checked at construction (on by default)."""
+    Subclasses made by ``kernel_class`` / ``champion_class`` carry the library; ``check`` says
+    whether each weight is checked at construction (on by default). The weight's parts are cut
+    into runs of one block type: the library runs those of its types, the engine's default
+    kernel the others; ``library_rows`` counts the rows the library computes (0: none here, the
+    op's other layers may have some)."""
 
-    qtypes = frozenset({QT.Q4_1})
+    qtypes = None  # any: the parts the library has no kernel for run the default kernel
     library: ClassVar[Library]
     check: ClassVar[bool] = True
     audit_state: ClassVar[dict]  # per library: calls, audited, dropped (what was reported), rng
     on_wrong: ClassVar[object]  # the supply's on_wrong (engine/supply.py)
 
     def __init__(self, weight: Weight, act_dtype: torch.dtype):
-        if not weight.qtypes <= self.qtypes:
-            got = ", ".join(sorted(q.name for q in weight.qtypes))
-            raise KernelError(f"kernel {self.name!r} takes Q4_1 blocks (the {PROBLEM} ABI), but {weight.name} "
-                              f"is stored as {got}; name it for ops stored as Q4_1 only")
         super().__init__(weight, act_dtype)
         self.weight = weight
-        self.wq = weight.blocks().reshape(-1).contiguous()
-        self._wq_ptr = self.wq.data_ptr()
-        self._fn = self.library.fn
+        self.runs: list[_Run] = []
+        r0 = 0
+        for qtype, group in itertools.groupby(weight.parts, key=lambda p: p.qtype):
+            parts = list(group)
+            run = _Run(r0, sum(p.rows for p in parts), qtype, parts)
+            run.fn = self.library.fns.get(qtype)
+            if run.fn is not None:
+                run.wq = Weight(parts).blocks().reshape(-1).contiguous()
+            else:
+                run.kernel = _default(Weight(parts), act_dtype)
+            self.runs.append(run)
+            r0 += run.rows
+        self.library_rows = sum(r.rows for r in self.runs if r.fn is not None)
         self._seen: set[int] = set()  # batch sizes audited at least once
         self._fallback: LinearKernel | None = None
-        if self.check:
-            self.verify(weight)
-
-    def _run(self, xf: torch.Tensor, y: torch.Tensor) -> None:
-        self._fn(self._wq_ptr, xf.data_ptr(), y.data_ptr(), self.out_features, self.in_features, xf.shape[0])
+        if self.check and self.library_rows:
+            self.verify()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         st = self.audit_state
@@ -155,37 +240,42 @@ class NativeLinear(LinearKernel):
         m, n = x.shape[0], self.out_features
         if not m:
             return torch.empty(0, n, dtype=self.act_dtype)
-        audit = self.check and (m not in self._seen or st["rng"].random() < AUDIT_SHARE)
-        if audit:  # inputs kept, a guard zone each side of the output
+        audit = self.check and self.library_rows and (m not in self._seen or st["rng"].random() < AUDIT_SHARE)
+        if audit:
             self._seen.add(m)
             x_before = xf.clone()
-            buf = torch.full((_GUARD + m * n + _GUARD,), _SENTINEL, dtype=torch.float32)
-            y = buf[_GUARD:_GUARD + m * n].view(m, n)
-        else:
-            y = torch.empty(m, n, dtype=torch.float32)
-        self._run(xf, y)
-        st["calls"] += 1
-        if audit and not self.audit(xf, y, x_before, buf):
-            return self.fallback()(x_before.to(x.dtype))
+        if self.library_rows:
+            st["calls"] += 1
+        outs = []
+        for run in self.runs:
+            if run.fn is None:
+                outs.append(run.kernel(x).float())
+                continue
+            if audit:  # a guard zone each side of the output
+                buf = torch.full((_GUARD + m * run.rows + _GUARD,), _SENTINEL, dtype=torch.float32)
+                y = buf[_GUARD:_GUARD + m * run.rows].view(m, run.rows)
+            else:
+                y = torch.empty(m, run.rows, dtype=torch.float32)
+            run.fn(run.wq.data_ptr(), xf.data_ptr(), y.data_ptr(), run.rows, self.in_features, m)
+            if audit and not self.audit(run, xf, y, x_before, buf):
+                return self.fallback()(x_before.to(x.dtype))
+            outs.append(y)
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return y if self.act_dtype == torch.float32 else y.to(self.act_dtype)
 
-    def audit(self, xf: torch.Tensor, y: torch.Tensor, x_before: torch.Tensor, buf: torch.Tensor) -> bool:
+    def audit(self, run: _Run, xf: torch.Tensor, y: torch.Tensor, x_before: torch.Tensor, buf: torch.Tensor) -> bool:
         """The call left its inputs and the memory around its output as they were, and
         AUDIT_ROWS random output rows recomputed from the dequantised weight agree; False (and
         the library dropped, the finding reported) if not."""
         st = self.audit_state
         st["audited"] += 1
-        n, k, m = self.out_features, self.in_features, xf.shape[0]
+        m = xf.shape[0]
         if not torch.equal(xf, x_before):
-            return self._drop(m, "the call changed its inputs (the activations)")
+            return self._drop(run, m, "the call changed its inputs (the activations)")
         if not _guards_intact(buf):
-            return self._drop(m, "the call wrote outside its outputs")
-        rows = torch.tensor(sorted(st["rng"].sample(range(n), min(AUDIT_ROWS, n))))
-        blocks = self.wq.view(n, k // 32, 20)[rows]  # GGUF Q4_1: fp16 d, fp16 m, 16 bytes of nibbles
-        d = blocks[..., 0:2].contiguous().view(torch.float16).float()
-        mn = blocks[..., 2:4].contiguous().view(torch.float16).float()
-        q = blocks[..., 4:].to(torch.int16)
-        w = (torch.cat([q & 0x0F, q >> 4], -1).float() * d + mn).reshape(len(rows), k)  # exact in fp32
+            return self._drop(run, m, "the call wrote outside its outputs")
+        rows = sorted(st["rng"].sample(range(run.rows), min(AUDIT_ROWS, run.rows)))
+        w = run.dequantize_rows(rows)  # exact in fp32 for every block type
         ref = xf @ w.T  # fp32 sums in another order than the library's: ~1e-6 of sum |x||w|
         got = y[:, rows]
         err = (got - ref).abs()
@@ -193,62 +283,92 @@ class NativeLinear(LinearKernel):
         if not bool(bad.any()):
             return True
         b, r = (int(i) for i in bad.nonzero()[0])
-        return self._drop(m, f"output [{b}, {int(rows[r])}] was {got[b, r].item():.6g}, the dequantised "
-                                 f"weight gives {ref[b, r].item():.6g} (allowed {CHECK_TOL:g} * (1 + |that|) + "
-                                 f"{AUDIT_SCALE:g} of the size of its terms)")
+        return self._drop(run, m, f"output [{b}, {run.r0 + rows[r]}] was {got[b, r].item():.6g}, the dequantised "
+                                  f"weight gives {ref[b, r].item():.6g} (allowed {CHECK_TOL:g} * (1 + |that|) + "
+                                  f"{AUDIT_SCALE:g} of the size of its terms)")
 
-    def _drop(self, m: int, what: str) -> bool:
+    def _drop(self, run: _Run, m: int, what: str) -> bool:
         """Drop the library (for every op on it) and report what a call of ``m`` rows did, once."""
         st = self.audit_state
         if st["dropped"] is None:
-            n, k = self.out_features, self.in_features
-            st["dropped"] = reported(self.on_wrong, PROBLEM, self.library.candidate, {"n": n, "k": k, "batch": m},
-                                     f"n={n} k={k} batch={m}: {what}")
+            n, k = run.rows, self.in_features
+            st["dropped"] = reported(self.on_wrong, self.library.problem_of(run.qtype),
+                                     self.library.candidate_of(run.qtype),
+                                     {"n": n, "k": k, "batch": m}, f"{run.qtype.name} n={n} k={k} batch={m}: {what}")
         return False
 
     def fallback(self) -> LinearKernel:
         """The kernel this op runs once the library is dropped: the engine's default for it."""
         if self._fallback is None:
-            from .kernels import Dense, default_kernel, kernel_class
-
-            cls = kernel_class(default_kernel("q4_1", "", self.weight))
-            if self.act_dtype not in cls.act_dtypes or not self.weight.qtypes <= (cls.qtypes or self.weight.qtypes):
-                cls = Dense
-            self._fallback = cls(self.weight, self.act_dtype)
+            self._fallback = _default(self.weight, self.act_dtype)
         return self._fallback
 
-    def verify(self, weight: Weight) -> None:
-        """Run the library on ``weight`` and random activations; KernelError if it is wrong."""
-        n, k = self.out_features, self.in_features
-        ref_w = weight.dequantize().double()
-        wq_before = self.wq.clone()
+    def verify(self) -> None:
+        """Run the library on each of its runs with random activations; KernelError if it is
+        wrong. The reference is checked on every row of a run up to CHECK_REF_ROWS, on that many
+        random rows (and the first and last) beyond: an output head of 262144 rows is not
+        dequantised whole."""
+        k = self.in_features
         g = torch.Generator().manual_seed(20261203)
-        for m in CHECK_ROWS:
-            x = torch.randn(m, k, generator=g).to(self.act_dtype).float()  # values the engine feeds
-            x_before = x.clone()
-            buf = torch.full((_GUARD + m * n + _GUARD,), _SENTINEL, dtype=torch.float32)
-            y = buf[_GUARD:_GUARD + m * n]
-            y.fill_(float("nan"))  # outputs never written stay NaN and fail
-            self._fn(self._wq_ptr, x.data_ptr(), y.data_ptr(), n, k, m)
-            where = f"{weight.name} [{n} x {k}], {m} row(s) of random activations"
-            if not _guards_intact(buf):
-                raise KernelError(f"kernel {self.name!r} failed its check on {where}: it wrote outside its output")
-            if not torch.equal(x, x_before) or not torch.equal(self.wq, wq_before):
-                raise KernelError(f"kernel {self.name!r} failed its check on {where}: it modified its inputs")
-            ref = x.double() @ ref_w.T
-            err = (y.view(m, n).double() - ref).abs()
-            bad = ~(err <= CHECK_TOL * (1 + ref.abs()))  # NaN counts as bad
-            if bool(bad.any()):
-                worst = torch.nan_to_num(err, nan=float("inf")).max().item()
-                raise KernelError(
-                    f"kernel {self.name!r} failed its check on {where} against the dequantised reference: "
-                    f"max abs error {worst:.4g} (allowed {CHECK_TOL:g} * (1 + |ref|)), {int(bad.sum())} of "
-                    f"{m * n} outputs wrong; a library that fails it is not served")
+        for run in (r for r in self.runs if r.fn is not None):
+            n = run.rows
+            rows = list(range(n)) if n <= CHECK_REF_ROWS else sorted(
+                {0, n - 1, *torch.randperm(n, generator=g)[:CHECK_REF_ROWS].tolist()})
+            ref_w = run.dequantize_rows(rows).double()
+            wq_before = run.wq.clone()
+            for m in CHECK_ROWS:
+                x = torch.randn(m, k, generator=g).to(self.act_dtype).float()  # values the engine feeds
+                x_before = x.clone()
+                buf = torch.full((_GUARD + m * n + _GUARD,), _SENTINEL, dtype=torch.float32)
+                y = buf[_GUARD:_GUARD + m * n]
+                y.fill_(float("nan"))  # outputs never written stay NaN and fail
+                run.fn(run.wq.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m)
+                where = f"{self.weight.name} [{n} x {k}] ({run.qtype.name}), {m} row(s) of random activations"
+                if not _guards_intact(buf):
+                    raise KernelError(f"kernel {self.name!r} failed its check on {where}: it wrote outside its output")
+                if not torch.equal(x, x_before) or not torch.equal(run.wq, wq_before):
+                    raise KernelError(f"kernel {self.name!r} failed its check on {where}: it modified its inputs")
+                got = y.view(m, n).double()
+                if not bool(torch.isfinite(got).all()):
+                    raise KernelError(f"kernel {self.name!r} failed its check on {where}: non-finite outputs (or "
+                                      "outputs never written)")
+                ref = x.double() @ ref_w.T
+                err = (got[:, rows] - ref).abs()
+                bad = ~(err <= CHECK_TOL * (1 + ref.abs()))  # NaN counts as bad
+                if bool(bad.any()):
+                    worst = torch.nan_to_num(err, nan=float("inf")).max().item()
+                    raise KernelError(
+                        f"kernel {self.name!r} failed its check on {where} against the dequantised reference: "
+                        f"max abs error {worst:.4g} (allowed {CHECK_TOL:g} * (1 + |ref|)), {int(bad.sum())} of "
+                        f"{m * len(rows)} outputs checked wrong; a library that fails it is not served")
+
+
+def _default(weight: Weight, act_dtype: torch.dtype) -> LinearKernel:
+    """The engine's default kernel for ``weight`` (dense where that kernel cannot take it)."""
+    from .kernels import Dense, default_kernel, kernel_class
+
+    cls = kernel_class(default_kernel("q4_1", "", weight))
+    if act_dtype not in cls.act_dtypes or not weight.qtypes <= (cls.qtypes or weight.qtypes):
+        cls = Dense
+    return cls(weight, act_dtype)
+
+
+def check_used(layers_by_op: dict[str, list], classes: dict[str, type]) -> None:
+    """KernelError for an op whose named library runs none of its layers' rows: no weight of that
+    op has a part in the library's block types (a config that names a kernel for the wrong op)."""
+    for op, cls in classes.items():
+        kernels = [lin.kernel for lin in layers_by_op.get(op, [])]
+        mine = [k for k in kernels if isinstance(k, NativeLinear)]
+        if mine and not any(k.library_rows for k in mine):
+            stored = sorted({p.qtype.name for k in mine for p in k.weight.parts})
+            takes = ", ".join(sorted(q.name for q in cls.library.qtypes))
+            raise KernelError(f"kernels.{op}: kernel {cls.name!r} takes {takes} blocks, but no {op} weight has a "
+                              f"part stored so (they are {', '.join(stored)}); name it for ops stored as {takes}")
 
 
 # -- loading ---------------------------------------------------------------------------------
 
-_LOADED: dict[str, Library] = {}  # sha256 of the file loaded -> library
+_LOADED: dict[str, ctypes.CDLL] = {}  # sha256 of the file loaded -> the loaded object
 _FILES: dict[tuple, type[NativeLinear]] = {}  # (realpath, size, mtime_ns, check) -> class
 
 
@@ -264,22 +384,29 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _load(path: Path, spec: str, sha: str, **info) -> Library:
+def _load(path: Path, spec: str, sha: str, symbols: tuple[str, ...], **info) -> Library:
+    """The library at ``path`` with its kernel for each of ``symbols`` it exports (at least one)."""
     if sha in _LOADED:
-        lib = _LOADED[sha]
-        return Library(spec, lib.path, sha, fn=lib.fn, **info)
-    try:
-        cdll = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-    except OSError as e:
-        raise KernelError(f"{spec}: cannot load {path}: {e}") from None
-    try:
-        fn = getattr(cdll, SYMBOL)
-    except AttributeError:
-        raise KernelError(f"{spec}: {path} does not export `{SYMBOL}` (the engine calls {SIGNATURE})") from None
-    fn.argtypes, fn.restype = _ARGTYPES, None
-    lib = Library(spec, str(path), sha, fn=fn, **info)
-    _LOADED[sha] = lib
-    return lib
+        cdll = _LOADED[sha]
+    else:
+        try:
+            cdll = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        except OSError as e:
+            raise KernelError(f"{spec}: cannot load {path}: {e}") from None
+        _LOADED[sha] = cdll
+    fns = {}
+    for sym in symbols:
+        fn = getattr(cdll, sym, None)
+        if fn is not None:
+            fn.argtypes, fn.restype = _ARGTYPES, None
+            fns[FAMILIES[sym]] = fn
+    if not fns:
+        if len(symbols) == 1:
+            raise KernelError(f"{spec}: {path} does not export `{symbols[0]}` (the engine calls "
+                              f"{signature(symbols[0])})")
+        raise KernelError(f"{spec}: {path} exports none of {', '.join(f'`{s}`' for s in symbols)} (the engine "
+                          f"calls {signature('<type>_matmul')}, one function per GGUF block type)")
+    return Library(spec, str(path), sha, fns=fns, **info)
 
 
 def _class(lib: Library, check: bool, name: str | None = None, on_wrong=None) -> type[NativeLinear]:
@@ -301,7 +428,7 @@ def reported(on_wrong, problem: str, candidate: str | None, shape: dict, detail:
 
 
 def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> type[NativeLinear]:
-    """A kernel class for the shared object at ``path`` (the q4_1_matmul ABI).
+    """A kernel class for the shared object at ``path`` (the block-type matmuls it exports).
 
     The file is copied into the build cache under its content hash and loaded from there, so
     rewriting ``path`` later never changes (or crashes) a running engine, and a new file at the
@@ -326,21 +453,25 @@ def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: boo
             tmp = copy.with_suffix(f".tmp{os.getpid()}")
             shutil.copyfile(p, tmp)
             os.replace(tmp, copy)
-        _FILES[key] = _class(_load(copy, spec, sha, origin=str(p.resolve())), check, name)
+        _FILES[key] = _class(_load(copy, spec, sha, tuple(FAMILIES), origin=str(p.resolve())), check, name)
     return _FILES[key]
 
 
 def champion_class(spec: str, supply: KernelSupply, check: bool) -> type[NativeLinear]:
-    """The kernel class of ``champion:q4_1_matmul[@ID]``, built by ``supply``; KernelError naming it."""
+    """The kernel class of ``champion:PROBLEM[@ID]`` (a block-type matmul or a problem derived
+    from one), built by ``supply``; KernelError naming it."""
     ref = KernelRef.parse(spec)
-    if ref.target not in NATIVE_PROBLEMS:
-        raise KernelError(f"{spec}: only champions of {', '.join(NATIVE_PROBLEMS)} plug into linear ops")
+    family = native_family(ref.target)
+    if family is None:
+        raise KernelError(f"{spec}: only champions of {', '.join(NATIVE_PROBLEMS)} (or of a problem derived from "
+                          "them) plug into linear ops")
     try:
-        built = supply.build(spec, SIGNATURE)
+        built = supply.build(spec, signature(family))
     except UnavailableKernel as e:
         raise KernelError(str(e)) from None
     path = Path(built.path)
-    lib = _load(path, spec, _sha256(path), origin=built.origin, candidate=built.candidate, speedup=built.speedup)
+    lib = _load(path, spec, _sha256(path), (family,), origin=built.origin, candidate=built.candidate,
+                speedup=built.speedup, problem=ref.target)
     return _class(lib, check, on_wrong=supply.on_wrong)
 
 
@@ -358,6 +489,17 @@ def resolve(spec: str, supply: KernelSupply | None = None) -> type[NativeLinear]
     return champion_class(spec, supply or NoSupply(), check)
 
 
+def resolve_joined(spec: str, supply: KernelSupply | None = None) -> type[NativeLinear]:
+    """``resolve`` for a name that may join several (``kernelref.JOIN``: one op's kernels for
+    different block types): one class whose library runs each type by the first that has it."""
+    names = kernelref.pieces(spec)
+    if len(names) == 1:
+        return resolve(spec, supply)
+    classes = [resolve(n, supply) for n in names]
+    lib = Library.join(spec, [c.library for c in classes])
+    return _class(lib, _checks_on(), on_wrong=(supply or NoSupply()).on_wrong)
+
+
 def resolve_all(kernels: dict[str, str], supply: KernelSupply | None = None) -> dict[str, type[NativeLinear]]:
     """Look up every prefixed kernel a config names, afresh: op -> kernel class. Errors name
     the op."""
@@ -368,7 +510,7 @@ def resolve_all(kernels: dict[str, str], supply: KernelSupply | None = None) -> 
             continue
         if name not in seen:
             try:
-                seen[name] = resolve(name, supply)
+                seen[name] = resolve_joined(name, supply)
             except KernelError as e:
                 raise KernelError(f"kernels.{op}: {e}") from None
         out[op] = seen[name]

@@ -23,7 +23,7 @@ from .kernels import Dense
 from .models import model_class
 from .models.decoder import Decoder
 from .native import NativeUnavailable, load_checked, matvec, unsupported
-from .native_seam import describe, resolve_all
+from .native_seam import check_used, describe, resolve_all
 from .supply import KernelSupply, NoSupply
 
 log = logging.getLogger("swarmfactory.engine")
@@ -124,6 +124,8 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     dense_above = _dense_above(cfg, cal, paths)
     # A calibration measures every op's dense copy; the final thresholds then drop the losers.
     model = model_cls(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None, classes)
+    ops = {op: [getattr(L, op) for L in model.layers] for op in ("qkv", "o", "gate_up", "down")}
+    check_used({**ops, "lm_head": [model.lm_head]}, classes)
     paths.kernels = _kernels(model)
     if measure_now:
         log.info("measuring this machine's thresholds (first load; cached afterwards)")

@@ -150,11 +150,13 @@ def test_kernel_is_one_ctypes_call_on_raw_pointers_in_fp32_or_bf16(libs, weight)
     x = torch.randn(3, weight.cols, generator=torch.Generator().manual_seed(1))
     k32 = cls(weight, torch.float32)
     calls = []
-    native = k32._fn
-    k32._fn = lambda *a: (calls.append(a), native(*a))
+    run = k32.runs[0]
+    assert len(k32.runs) == 1 and k32.library_rows == weight.rows
+    native = run.fn
+    run.fn = lambda *a: (calls.append(a), native(*a))
     y32 = k32(x)
     assert len(calls) == 1 and all(isinstance(a, int) for a in calls[0])
-    assert calls[0][0] == k32.wq.data_ptr() and calls[0][1] == x.data_ptr()  # fp32 input passed as it is
+    assert calls[0][0] == run.wq.data_ptr() and calls[0][1] == x.data_ptr()  # fp32 input passed as it is
     assert calls[0][3:] == (weight.rows, weight.cols, 3)
     assert y32.dtype == torch.float32 and torch.allclose(y32, x @ w.T, rtol=1e-4, atol=1e-4)
     xb = x.bfloat16()
@@ -238,18 +240,23 @@ def test_unchecked_environment_for_engines_in_child_processes(libs, weight, monk
 def test_missing_file_symbol_or_library_fail_clearly(libs, model_path):
     with pytest.raises(KernelError, match=r"kernels\.down: so:/nonexistent/q\.so: no such shared object"):
         _engine({"down": "so:/nonexistent/q.so"})
-    with pytest.raises(KernelError, match=r"kernels\.o: so:.*other\.so: .* does not export `q4_1_matmul` "
-                                          r"\(the engine calls void q4_1_matmul\(const uint8_t \*wq"):
+    with pytest.raises(KernelError, match=r"kernels\.o: so:.*other\.so: .* exports none of `q4_1_matmul`, "
+                                          r"`q4_0_matmul`.* \(the engine calls void <type>_matmul\(const uint8_t "
+                                          r"\*wq, .*one function per GGUF block type"):
         _engine({"o": f"so:{libs['other']}"})
     with pytest.raises(KernelError, match=r"kernels\.qkv: so:.*junk\.so: cannot load"):
         _engine({"qkv": f"so:{libs['junk']}"})
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.kernels import Weight
 
+    from swarmfactory.engine.native_seam import check_used
+
     head = Weight([load_gguf(model_path).tensor("token_embd.weight")])
-    with pytest.raises(KernelError, match=r"kernels\.lm_head: kernel 'so:.*' takes Q4_1 blocks .* "
-                                          r"token_embd\.weight is stored as Q8_0"):
-        build_linear("q4_1", "lm_head", head, torch.bfloat16, f"so:{libs['good']}", None)
+    lin = build_linear("q4_1", "lm_head", head, torch.bfloat16, f"so:{libs['good']}", None)
+    assert lin.kernel.library_rows == 0  # the Q8_0 rows run the engine's own kernel
+    with pytest.raises(KernelError, match=r"kernels\.lm_head: kernel 'so:.*' takes Q4_1 blocks, but no lm_head "
+                                          r"weight has a part stored so \(they are Q8_0\)"):
+        check_used({"lm_head": [lin]}, {"lm_head": type(lin.kernel)})
 
 
 def test_config_rejects_unknown_prefixes_and_problems():
