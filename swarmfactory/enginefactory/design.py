@@ -90,6 +90,69 @@ class NoChampion(ConfigError):
     """A design asks for the kernel factory's champion where there is none."""
 
 
+LINEAR_OPS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
+              "down": ("ffn_down",)}
+
+
+def op_types(model: str | None) -> dict[str, tuple[str, ...]]:
+    """op -> the GGUF block types its weights are stored in, over every layer (the file's
+    metadata only; cached per file)."""
+    from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
+
+    gg = load_gguf(resolve_model_path(model))
+    out: dict[str, set] = {op: set() for op in (*LINEAR_OPS, "lm_head")}
+    for name, t in gg.tensors.items():
+        kind = name.rpartition(".")[0].rpartition(".")[2]  # blk.3.attn_q.weight -> attn_q
+        for op, kinds in LINEAR_OPS.items():
+            if name.startswith("blk.") and name.endswith(".weight") and kind in kinds:
+                out[op].add(t.qtype.name)
+    head = "output.weight" if "output.weight" in gg.tensors else "token_embd.weight"
+    out["lm_head"].add(gg.tensors[head].qtype.name)
+    return {op: tuple(sorted(ts)) for op, ts in out.items()}
+
+
+def champion_kernels(model: str | None, champions: dict[str, str]) -> dict[str, str]:
+    """op -> the kernel-factory champions ``kernels=champion`` runs it on: for each block type its
+    weights are stored in, the champion of the problem derived from this model for that type
+    (``<type>_matmul.<model>``, problems/derive.py) or else of the type's own problem, joined
+    (``kernelref.JOIN``); ops with no such champion keep the engine's own kernels."""
+    from swarmfactory.engine.native_seam import FAMILIES
+    from swarmfactory.problems.derive import slug
+
+    from swarmfactory.engine.gguf_loader import resolve_model_path
+
+    stem = slug(resolve_model_path(model).stem)
+    by_type = {}
+    for family, qt in FAMILIES.items():
+        for problem in (f"{family}.{stem}", family):
+            if champions.get(problem):
+                by_type[qt.name] = f"champion:{problem}@{champions[problem]}"
+                break
+    out = {op: kernelref.JOIN.join(by_type[t] for t in types if t in by_type)
+           for op, types in op_types(model).items()}
+    return {op: v for op, v in out.items() if v}
+
+
+def kernel_problems(model: str | None) -> list[str]:
+    """The kernel-factory problems whose champions a design of ``model`` may pin: the block-type
+    matmuls of its weights' types (derived from it where registered, and the type's own), and the
+    native decoder's matvec."""
+    from swarmfactory.engine.native_seam import FAMILIES
+    from swarmfactory.problems.derive import registered, slug
+
+    from swarmfactory.engine.gguf_loader import resolve_model_path
+
+    stem = slug(resolve_model_path(model).stem)
+    types = {t for ts in op_types(model).values() for t in ts}
+    out = []
+    for family, qt in FAMILIES.items():
+        if qt.name in types:
+            if registered(f"{family}.{stem}") is not None:
+                out.append(f"{family}.{stem}")
+            out.append(family)
+    return [*out, MATVEC_PROBLEM]
+
+
 def pins(cfg: EngineConfig) -> dict[str, str]:
     """problem -> candidate id of every kernel-factory champion ``cfg`` pins (``champion:P@ID``)."""
     return kernelref.pins([*cfg.kernels.values(), cfg.native_matvec or ""])
@@ -118,7 +181,12 @@ class Design:
         if k.get("attention", "padded") != "padded":
             out += f" attention={k['attention']}"
         for knob, problem in CHAMPION_KNOBS.items():
-            if k.get(knob, "builtin") != "builtin":
+            if k.get(knob, "builtin") == "builtin":
+                continue
+            if knob == "kernels":
+                linear = {p: c for p, c in self.pins.items() if p != MATVEC_PROBLEM}
+                out += f" {knob}=" + (",".join(f"{p}@{c[:12]}" for p, c in sorted(linear.items())) or "?")
+            else:
                 out += f" {knob}={problem}@{(self.pins.get(problem) or '?')[:12]}"
         for name, kf in knob_table(type(self.config)).items():  # knobs declared since, where set
             if name not in DESCRIBED and k.get(name, kf.default) != kf.default:
@@ -176,17 +244,21 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
     if base.weights != "q4_1":  # these keys mean nothing for bf16/fp32: pin them so designs dedupe
         data.update(native_decode=0, native_prefill=0, dense_above=None)
         k.update(native_decode=0, native_prefill=0, dense="calibrated", kernels="builtin")
+    linear = (champion_kernels(base.model, champions) if base.weights == "q4_1" and k["kernels"] == "champion"
+              else {})
     for knob, problem in CHAMPION_KNOBS.items():
-        if base.weights == "q4_1" and k[knob] == "champion" and not champions.get(problem):
-            raise NoChampion(f"no {problem} champion on this hardware for {knob}=champion, or none confirmed "
-                             f"under low contention (swarmfactory run --problems {problem} makes and confirms one)")
+        have = bool(linear) if knob == "kernels" else bool(champions.get(problem))
+        if base.weights == "q4_1" and k[knob] == "champion" and not have:
+            wanted = [p for p in kernel_problems(base.model) if "." not in p and p != MATVEC_PROBLEM] \
+                if knob == "kernels" else [problem]
+            raise NoChampion(f"no {' or '.join(wanted)} champion on this hardware for {knob}=champion, or none "
+                             f"confirmed under low contention (swarmfactory run --problems {','.join(wanted)} makes "
+                             "and confirms one)")
     if base.weights != "q4_1":
         k["matvec"] = "builtin"
     elif k["kernels"] == "champion":
         # the named kernels must run, so the native decoder (its own kernels) is off
-        cid = champions[CHAMPION_PROBLEM]
-        data.update(native_decode=0, native_prefill=0,
-                    kernels={**base.kernels, **{op: f"champion:{CHAMPION_PROBLEM}@{cid}" for op in CHAMPION_OPS}})
+        data.update(native_decode=0, native_prefill=0, kernels={**base.kernels, **linear})
         k.update(native_decode=0, native_prefill=0)
     elif k["kv_dtype"] != "fp32" or k["native_decode"] == 0:
         data.update(native_decode=0, native_prefill=0)

@@ -39,10 +39,12 @@ def resumable(store, run_id: str) -> dict:
     return row.config
 
 
-def kernel_champions(store) -> dict[str, str]:
+def kernel_champions(store, model: str | None = None) -> dict[str, str]:
     """Problem -> this hardware's kernel-factory champion that may run in the engine (the corridor's
-    rule, ``champions.current``), for each problem a design's ``champion`` knob plugs in."""
-    return {p: c for p in D.CHAMPION_KNOBS.values() if (c := champions.current(store, p))}
+    rule, ``champions.current``), for each problem a design's ``champion`` knob plugs in: the
+    block-type matmuls of ``model``'s weights (and the problems derived from it, where they are
+    registered) and the native decoder's matvec."""
+    return {p: c for p in D.kernel_problems(model) if (c := champions.current(store, p))}
 
 
 def open_run(store, problem, run_id: str | None, config: dict) -> str:

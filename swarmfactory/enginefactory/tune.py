@@ -157,10 +157,10 @@ class Tuner(Factory):
             raise TuneError(str(e)) from None
         self.base = EngineConfig(model=cfg.model, weights=cfg.weights, max_seq_len=cfg.max_seq_len())
         # the kernel factory's champions here: designs with kernels=champion / matvec=champion pin them
-        self.champions = records.kernel_champions(store) if cfg.weights == "q4_1" else {}
+        self.champions = records.kernel_champions(store, cfg.model) if cfg.weights == "q4_1" else {}
         self.fixed = dict(cfg.fixed)
         for knob, problem in D.CHAMPION_KNOBS.items():
-            if problem in self.champions:
+            if (D.champion_kernels(cfg.model, self.champions) if knob == "kernels" else problem in self.champions):
                 continue
             if self.fixed.get(knob) == "champion":
                 raise TuneError(f"{knob}=champion: no {problem} champion on this hardware in {store.shown} "

@@ -54,7 +54,7 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
 def test_a_kernel_champion_is_pinned_so_a_new_champion_makes_a_new_design():
     base = EngineConfig(max_seq_len=2048)
     knobs = {"kernels": "champion", "dense": "none", "native_decode": 32}
-    with pytest.raises(D.NoChampion, match="no q4_1_matmul champion on this hardware"):
+    with pytest.raises(D.NoChampion, match="no q4_1_matmul or q8_0_matmul champion on this hardware"):
         D.build(knobs, base)
     a, b = D.build(knobs, base, champions="aaaa1111"), D.build(knobs, base, champions="bbbb2222")
     assert a.config.kernels == {op: "champion:q4_1_matmul@aaaa1111" for op in D.CHAMPION_OPS}
