@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dashboard",),
     ("ui",),
     ("api",),
+    ("optimize",),  # the whole stack for one model: derive, kernels, engine
     ("commandline",),  # what the command lines share: the store option, one error path
     ("tune_cli",),  # engine tune, engine profiles
     ("engine_cli",),  # engine serve, generate, calibrate, bench (mounts tune_cli's commands)

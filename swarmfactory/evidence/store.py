@@ -398,6 +398,10 @@ class Store:
         """A run's recorded configuration, replaced (a resumed run given new limits)."""
         self._write(S.runs, dict(config=config), where={"id": run_id})
 
+    def runs(self) -> list[Run]:
+        """Every run of the store, oldest first."""
+        return self._typed(Run, select(S.runs).order_by(S.runs.c.created_at, S.runs.c.id))
+
     def run(self, run_id: str | None = None) -> Run | None:
         """Run ``run_id``, or the latest run."""
         q = select(S.runs)
