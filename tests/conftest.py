@@ -42,13 +42,43 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 
+# A slow test runs when SWARMFACTORY_SLOW=1, or when the code it names (``@pytest.mark.slow(covers=
+# (path prefixes...))``) changed in the landing under test: the commits within LANDING_HOURS of
+# HEAD's, and what is not committed yet (a clean clone in CI has nothing uncommitted). A slow test
+# without ``covers`` runs only with SWARMFACTORY_SLOW=1.
+LANDING_HOURS = 12
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def changed_paths() -> set[str] | None:
+    """Files the landing under test changed (relative to the repository), or None where git cannot
+    say (then every slow test with ``covers`` runs)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+
+    try:
+        head = int(git("log", "-1", "--format=%ct").strip())
+        committed = git("log", f"--since={head - LANDING_HOURS * 3600}", "--name-only", "--format=")
+        pending = git("status", "--porcelain", "--untracked-files=all")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    paths = {line.strip() for line in committed.splitlines() if line.strip()}
+    paths |= {line[3:].split(" -> ")[-1].strip() for line in pending.splitlines() if len(line) > 3}
+    return paths
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("SWARMFACTORY_SLOW") == "1":
         return
-    skip = pytest.mark.skip(reason="slow: set SWARMFACTORY_SLOW=1 to run")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    changed = changed_paths() if any(item.get_closest_marker("slow").kwargs.get("covers") for item in slow) else set()
+    for item in slow:
+        covers = tuple(item.get_closest_marker("slow").kwargs.get("covers", ()))
+        if covers and (changed is None or any(p.startswith(covers) for p in changed)):
+            continue  # its code changed in this landing: it runs
+        why = (f"its code ({', '.join(covers)}) did not change in this landing" if covers else "slow")
+        item.add_marker(pytest.mark.skip(reason=f"{why}; SWARMFACTORY_SLOW=1 runs it"))
 
 
 @pytest.fixture(scope="session")
