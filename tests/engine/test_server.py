@@ -47,6 +47,7 @@ def test_health_and_models(server):
     assert h["memory"]["kv_bytes"] > 0 and h["memory"]["weights_bytes"] > 0
     data = httpx.get(server.url + "/v1/models", timeout=10).json()
     assert data["object"] == "list" and data["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1"  # the file's stem
+    assert data["data"][0]["vocab_size"] == 49152  # what a load generator draws random prompt ids from
 
 
 def test_chat_completion(server):

@@ -87,3 +87,13 @@ def test_engine_bench_prints_units_percentiles_and_goodput(server):
     bad = subprocess.run([sys.executable, "-m", "swarmfactory.engine_cli", "bench", "--url", server.url,
                           "--goodput", "latency:5"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--goodput" in bad.stderr
+
+
+def test_random_prompts_stay_within_the_served_vocabulary():
+    """A model of 1024 tokens is asked ids it has (the default range reaches 10000)."""
+    from swarmfactory.bench.serving import random_prompts
+
+    small = random_prompts(1024)(8, 64, seed=0)
+    assert len(small) == 8 and all(len(p) == 64 and 0 <= min(p) and max(p) < 1024 for p in small)
+    assert max(max(p) for p in random_prompts(None)(8, 64, seed=0)) >= 1024  # unknown: the wide default
+    assert max(max(p) for p in random_prompts(50)(4, 16, seed=1)) < 50
