@@ -139,6 +139,8 @@ def test_llm_local_runs_our_engine_with_smollm2(tmp_path):
     assert all(c.completion_tokens > 0 and c.prompt_tokens > 0 for c in answered if c.status != "empty")
 
 
+@pytest.mark.slow(covers=("swarmfactory/llm/", "swarmfactory/agents/llm.py", "swarmfactory/agents/prompts/",
+                          "swarmfactory/engine/server.py"))
 def test_the_local_engine_leaves_room_for_a_whole_kernel():
     """A coder prompt is ~2,000 tokens: the local engine serves SmolLM2's full 8,192-token context,
     so a prompt over 2,048 tokens is accepted with its 1,500 completion tokens (the engine's 2,048

@@ -58,6 +58,8 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow(covers=("swarmfactory/swarm/ray_executor.py", "swarmfactory/swarm/executors.py",
+                          "swarmfactory/swarm/coordinator.py", "swarmfactory/evidence/leases.py"))
 def test_ray_run_records_verdicts_with_the_node_and_keeps_champions_per_hardware(ray_cluster, tmp_path):
     store = Store(str(tmp_path / "e.db"))
     p = load_problem("rmsnorm")
@@ -91,6 +93,8 @@ def test_ray_run_records_verdicts_with_the_node_and_keeps_champions_per_hardware
     assert not [lz for lz in leases(store) if lz["state"] == "held"]
 
 
+@pytest.mark.slow(covers=("swarmfactory/swarm/ray_executor.py", "swarmfactory/swarm/executors.py",
+                          "swarmfactory/swarm/coordinator.py", "swarmfactory/evidence/leases.py"))
 def test_a_ray_worker_killed_mid_evaluation_is_retried_once(ray_cluster):
     from swarmfactory.swarm.ray_executor import RayExecutor
 
@@ -151,6 +155,7 @@ def _run(url, tmp_path, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow(covers=("swarmfactory/evidence/", "swarmfactory/swarm/coordinator.py", ".ci/"))
 def test_two_coordinators_on_one_postgresql_store_never_evaluate_a_candidate_twice(pg_url, tmp_path):
     # the same seed: both propose the same candidates in the same order
     procs = [_run(pg_url, tmp_path, "--budget", "2", "--seed", "7") for _ in range(2)]
