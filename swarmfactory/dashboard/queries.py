@@ -47,6 +47,16 @@ def _model_name(cfg: dict) -> str:
 
 def _budget(cfg: dict) -> dict:
     kind = cfg.get("kind") or "kernel"
+    if kind == "optimize":  # optimize.py: the model and the stage it is at (its kernel and tune runs are listed too)
+        inner = cfg.get("config") or {}
+        running = [r for r in cfg.get("runs") or [] if r.get("status") == "running"]
+        stage = str(cfg.get("stage") or "")
+        if stage == "kernels" and running:
+            stage += f" (pass {running[0].get('pass')}: {running[0].get('problem')}, run {running[0].get('run_id')})"
+        elif stage == "engine" and cfg.get("tune_run"):
+            stage += f" (tune run {cfg['tune_run']})"
+        return {"kind": kind, "problems": [f"{_model_name(inner)}: stage {stage}"], "budget": None,
+                "time_s": inner.get("time_s"), "agents": None}
     return {"kind": kind, "problems": cfg.get("problems") or ([_model_name(cfg)] if cfg.get("model") else []),
             "budget": cfg.get("budget"), "time_s": cfg.get("time_s"),
             "agents": cfg.get("agents") if isinstance(cfg.get("agents"), list) else None}

@@ -222,3 +222,23 @@ def test_shared_chart_module_draws_both_pages():
     line = charts.timeline_svg({"rmsnorm": [(time.time() - 60, 1.2), (time.time(), 2.5)]})
     assert "rmsnorm (2.50x)" in line and line.count("<circle") == 2
     assert "no verdicts yet" in charts.stacked_bars_svg([])
+
+
+def test_an_optimize_run_shows_its_model_and_the_stage_it_is_at(tmp_path, request):
+    """``swarmfactory optimize`` records one run holding its plan (optimize.py); the runs list
+    names its model and stage, and the kernel run it is in."""
+    from swarmfactory.evidence.store import Store
+
+    with store_url("sqlite", tmp_path, request) as url:
+        st = Store(url)
+        st.create_run({"kind": "optimize", "config": {"model": "/models/gemma-3-270m-q4_k_m.gguf", "time_s": 1800.0},
+                       "stage": "kernels", "runs": [{"problem": "q8_0_matmul.gemma-3-270m-q4_k_m", "pass": 1,
+                                                     "budget_s": 478.0, "run_id": "ab170e78", "status": "running"}]})
+        st.close()
+        with serving(url) as server:
+            run = get_json(server.url, "/api/runs")["runs"][0]
+            assert run["progress"]["kind"] == "optimize" and run["progress"]["time_s"] == 1800.0
+            assert run["progress"]["problems"] == ["gemma-3-270m-q4_k_m.gguf: stage kernels (pass 1: "
+                                                   "q8_0_matmul.gemma-3-270m-q4_k_m, run ab170e78)"]
+            page = get(server.url, "/")[2].decode()
+            assert "stage kernels (pass 1: q8_0_matmul.gemma-3-270m-q4_k_m, run ab170e78)" in page
