@@ -160,3 +160,25 @@ def test_a_derived_champion_runs_in_the_engine_and_a_broken_one_is_caught_and_re
         assert champ is None or champ.candidate_id != bad
     finally:
         store.close()
+
+
+def test_a_kernel_wrong_only_at_a_row_past_the_harness_shapes_is_refused_at_load(tmp_path):
+    """The harness verifies a derived output head cut to a few thousand rows; the engine calls it
+    with every row. A kernel wrong at one row of a large weight only is caught by the load check,
+    which compares every row (4096 at a time)."""
+    from swarmfactory.engine.native.qlinear import random_part
+    from swarmfactory.engine.native_seam import kernel_class
+    from swarmfactory.problems import load_problem
+
+    q8 = load_problem("q8_0_matmul")
+    good = q8.render()
+    bad = good.replace("void q8_0_matmul(", "static void right_q8_0_matmul(") + (
+        "void q8_0_matmul(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch) {\n"
+        "    right_q8_0_matmul(wq, x, y, n, k, batch);\n"
+        "    if (n > 9000) for (int64_t b = 0; b < batch; b++) y[b * n + 8999] += 0.5f;\n}\n")
+    so = _build(bad, q8.entry, q8.c_prototype, tmp_path / "row8999.so")
+    small = Weight([random_part(QT.Q8_0, 64, 64, seed=5)])
+    kernel_class(so)(small, torch.float32)  # right wherever the weight is small
+    head = Weight([random_part(QT.Q8_0, 12000, 64, seed=6, name="output.weight")])
+    with pytest.raises(KernelError, match=r"output\.weight \[12000 x 64\] \(Q8_0\).*first at output \[0, 8999\]"):
+        kernel_class(so)(head, torch.float32)
