@@ -35,8 +35,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-masked
 
-# Everything, the slow end-to-end tests included (marked `slow`: each repeats what a faster test
-# shows, over minutes of real runs; CI skips them).
+# Everything, the slow end-to-end tests included (marked `slow`: minutes of real runs each; CI runs
+# those whose covered code changed in the landing, tests/conftest.py).
 test-slow: $(STAMP)
 	SWARMFACTORY_SLOW=1 $(MAKE) --no-print-directory test
 
