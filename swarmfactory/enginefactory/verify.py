@@ -31,8 +31,14 @@ PROMPTS = (
     "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
 )
 NEW_TOKENS = 24
-# (max abs logit error, mean abs logit error, relative perplexity change, top-1 agreement)
+# (max abs logit error, mean abs logit error, relative perplexity change, top-1 agreement); the max
+# is taken over the logits that can be sampled: at each position the reference's TOP_K best tokens
+# and the design's own best. A tail logit no sampler reaches does not fail a design: the max over
+# every logit grows with the vocabulary (Gemma 3's 262144 tokens x 412 positions: 2.98 for a
+# design whose top-20 max was under 2 and whose mean, perplexity and agreement matched SmolLM2's);
+# the mean is still over every logit, so a shift of the whole tail fails it.
 BOUNDS = {"bf16": (1.5, 0.15, 0.02, 0.9), "q4_1": (2.0, 0.25, 0.03, 0.9)}
+TOP_K = 20
 REFERENCE_VERSION = 1
 
 
@@ -177,10 +183,42 @@ def verify(engine, ref: dict) -> Check:
     return check
 
 
-def _checks(engine, ref: dict) -> Check:
+def logit_bounds(logits, want, ids: list[int], weights: str, evidence: dict) -> Check | None:
+    """The bounds of ``BOUNDS[weights]`` on a design's logits over the fixed text (``ids``)
+    against the reference's: a failing Check, or None (``evidence`` gets the figures)."""
     import torch
     import torch.nn.functional as F
 
+    err_all = (logits - want).abs()
+    # the logits that can be sampled (see BOUNDS): the reference's TOP_K and the design's best
+    keep = torch.zeros_like(err_all, dtype=torch.bool)
+    keep.scatter_(-1, want.topk(min(TOP_K, want.shape[-1]), dim=-1).indices, True)
+    keep.scatter_(-1, logits.argmax(-1, keepdim=True), True)
+    err = torch.where(keep | torch.isnan(err_all), err_all, torch.zeros((), dtype=err_all.dtype))  # NaN fails
+    nll = lambda lg: F.cross_entropy(lg[:-1], torch.tensor(ids[1:])).item()  # noqa: E731
+    ppl_ref, ppl = math.exp(nll(want)), math.exp(nll(logits))
+    agree = (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
+    evidence.update(max_logit_error=err.max().item(), max_logit_error_all=err_all.max().item(),
+                    mean_logit_error=err_all.mean().item(), perplexity=ppl, perplexity_fp32=ppl_ref,
+                    top1_agreement=agree)
+    mx, mean, rel, min_agree = BOUNDS[weights]
+    fails = []
+    if not err.max().item() <= mx:
+        fails.append(f"max |logit error| of the top {TOP_K} {err.max().item():.3f} > {mx}")
+    if not err_all.mean().item() <= mean:
+        fails.append(f"mean |logit error| {err_all.mean().item():.3f} > {mean}")
+    if not abs(ppl / ppl_ref - 1) <= rel:
+        fails.append(f"perplexity {ppl:.3f} vs fp32 {ppl_ref:.3f} (bound {rel:.0%})")
+    if not agree >= min_agree:
+        fails.append(f"top-1 agreement {agree:.1%} < {min_agree:.0%}")
+    if not fails:
+        return None
+    worst = int(err.max(-1).values.argmax())
+    return Check(False, f"{weights} logits vs fp32 over the fixed text: " + "; ".join(fails)
+                 + f" (worst at position {worst})", {**evidence, "check": "bounds", "position": worst})
+
+
+def _checks(engine, ref: dict) -> Check:
     tok = engine.tokenizer
     ids = prompt_ids(tok)
     evidence: dict = {}
@@ -191,28 +229,9 @@ def _checks(engine, ref: dict) -> Check:
         if bad:
             return bad
     else:
-        logits = engine.score(ppl_ids(tok))
-        want = ref["logits"]
-        err = (logits - want).abs()
-        nll = lambda lg: F.cross_entropy(lg[:-1], torch.tensor(ppl_ids(tok)[1:])).item()
-        ppl_ref, ppl = math.exp(nll(want)), math.exp(nll(logits))
-        agree = (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
-        evidence.update(max_logit_error=err.max().item(), mean_logit_error=err.mean().item(),
-                        perplexity=ppl, perplexity_fp32=ppl_ref, top1_agreement=agree)
-        mx, mean, rel, min_agree = BOUNDS[weights]
-        fails = []
-        if not err.max().item() <= mx:
-            fails.append(f"max |logit error| {err.max().item():.3f} > {mx}")
-        if not err.mean().item() <= mean:
-            fails.append(f"mean |logit error| {err.mean().item():.3f} > {mean}")
-        if not abs(ppl / ppl_ref - 1) <= rel:
-            fails.append(f"perplexity {ppl:.3f} vs fp32 {ppl_ref:.3f} (bound {rel:.0%})")
-        if not agree >= min_agree:
-            fails.append(f"top-1 agreement {agree:.1%} < {min_agree:.0%}")
-        if fails:
-            worst = int(err.max(-1).values.argmax())
-            return Check(False, f"{weights} logits vs fp32 over the fixed text: " + "; ".join(fails)
-                         + f" (worst at position {worst})", {**evidence, "check": "bounds", "position": worst})
+        bad = logit_bounds(engine.score(ppl_ids(tok)), ref["logits"], ppl_ids(tok), weights, evidence)
+        if bad:
+            return bad
         evidence["tokens_equal_fp32"] = sum(a == r for a, r in zip(alone, ref["tokens"]))
     for name, run in (("batched vs alone", _greedy), ("continuous batching vs alone", _continuous)):
         bad = _compare(name, run(engine, ids), alone, tok, "alone gave")

@@ -500,3 +500,32 @@ def test_tune_survives_kill_9_resumes_and_serve_uses_the_profile_only_where_it_a
     finally:
         P.current_tools = real
     assert none is None and "tuned with torch" in why
+
+
+def test_the_max_logit_bound_is_over_the_logits_that_can_be_sampled():
+    """A large vocabulary's tail (logits no sampler reaches) may be off by more than the max bound
+    while the logits that matter, the mean, the perplexity and the agreement are within theirs;
+    the same error on a top logit, a shift of the whole tail, or a NaN anywhere fails."""
+    from swarmfactory.enginefactory.verify import TOP_K, logit_bounds
+
+    g = torch.Generator().manual_seed(0)
+    want = torch.randn(40, 5000, generator=g) * 3
+    ids = torch.randint(0, 5000, (40,), generator=g).tolist()
+    near = want + torch.randn(40, 5000, generator=g) * 0.02
+    tail = want.argsort(-1)[:, :10]  # the worst ten tokens of each position: never sampled
+    off = near.clone()
+    off[torch.arange(40)[:, None], tail] += 3.0
+    ev: dict = {}
+    assert logit_bounds(off, want, ids, "q4_1", ev) is None
+    assert ev["max_logit_error_all"] > 2.9 and ev["max_logit_error"] < 0.2
+    top = near.clone()
+    best = want.topk(TOP_K, -1).indices[:, -1]  # the 20th best: inside the bound's set
+    top[torch.arange(40), best] += 3.0
+    bad = logit_bounds(top, want, ids, "q4_1", {})
+    assert bad is not None and f"max |logit error| of the top {TOP_K}" in bad.detail
+    shifted = near + 0.3  # every logit: the mean catches it
+    bad = logit_bounds(shifted, want, ids, "q4_1", {})
+    assert bad is not None and "mean |logit error|" in bad.detail
+    nan = near.clone()
+    nan[3, int(tail[3, 0])] = float("nan")
+    assert logit_bounds(nan, want, ids, "q4_1", {}) is not None
