@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmfactory.problems.spec import Problem, to_torch
+from swarmfactory.problems.spec import Problem, lower_precision, to_torch
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def fp32_torch_path(problem: Problem):
     if problem.fp32_torch is not None:
         return problem.fp32_torch
     for name, setup in problem.baselines.items():
-        if not name.endswith("_bf16"):
+        if not lower_precision(name):
             return setup
     return problem.eager
 

@@ -398,6 +398,16 @@ def knob_key(knobs: dict[str, Any] | None) -> str:
     return "" if knobs is None else repr(sorted(knobs.items()))
 
 
+LOWER_PRECISION = ("_bf16", "_int8")  # baseline name suffixes of lower-precision competitors
+
+
+def lower_precision(baseline: str) -> bool:
+    """Whether the baseline named so is a lower-precision competitor (bf16 activations, 8-bit
+    activations): timed as a yardstick, never the fp32 bound on a candidate's error, and checked
+    to its own precision."""
+    return baseline.endswith(LOWER_PRECISION)
+
+
 def check_problem(problem: Problem) -> None:
     """Reject a problem definition that cannot judge a kernel (MEASURING.md rule 2)."""
     import torch

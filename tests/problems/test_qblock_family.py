@@ -75,7 +75,7 @@ def test_problem_is_well_formed(t):
                   *(s for _, s in p.model_draws)):
         assert p.valid_shape(shape), f"{t}: {dict(shape)} breaks its own shape constraint"
     assert not p.valid_shape({"n": 4, "k": 16, "batch": 1})
-    assert list(p.baselines) == ["dequant_F.linear", "engine_qnative"]
+    assert list(p.baselines) == ["dequant_F.linear", "engine_qnative_int8"]
     for knobs in [{}, *variants(t)]:
         assert check_source(p.render(knobs)) is None
 
@@ -154,7 +154,7 @@ def test_engine_qnative_runs_within_its_8bit_error(t):
     for shape in ({"n": 37, "k": 4 * qk, "batch": 1}, {"n": 64, "k": 8 * qk, "batch": 5}):
         inputs = to_torch(p.make_inputs(shape, np.random.default_rng(9), "normal"))
         ref = p.reference(inputs)["y"]
-        got = p.baselines["engine_qnative"](inputs)()
+        got = p.baselines["engine_qnative_int8"](inputs)()
         assert got.shape == ref.shape and got.dtype == torch.float32
         err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
         assert 0 < err <= 1e-2, f"{t} {shape}: {err:.2e}"

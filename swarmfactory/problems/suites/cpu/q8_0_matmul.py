@@ -4,7 +4,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gguf import GGMLQuantizationType as QT
+
 from swarmfactory.problems import models
+from swarmfactory.problems.suites.cpu.qblock import engine_qnative
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
 
 HIDDEN, INTERMEDIATE, HIDDEN_LARGE = 576, 1536, 2048  # SmolLM2-135M; SmolLM2-1.7B's hidden
@@ -115,8 +118,11 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["batch"], s["n"])},
     reference=reference,
+    # the engine's own kernel for Q8_0 (qlinear.c, 8-bit activations) beside torch: what a
+    # champion must beat to matter in the engine
     baselines={"dequant_F.linear": baseline_dequant_linear,
-               "dequant_F.linear_bf16": baseline_dequant_linear_bf16},
+               "dequant_F.linear_bf16": baseline_dequant_linear_bf16,
+               "engine_qnative_int8": engine_qnative(QT.Q8_0)},
     eager=eager_by_hand,
     # a dot product of k terms in any order: see q4_1_matmul
     fp32_sum_terms=lambda inputs: int(inputs["k"]),

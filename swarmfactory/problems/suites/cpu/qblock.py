@@ -135,6 +135,12 @@ def _raw(t) -> np.ndarray:
     return w.numpy() if hasattr(w, "numpy") else np.asarray(w)
 
 
+def engine_qnative(qtype: QT):
+    """The engine's own kernel for ``qtype`` as a baseline factory (``_Ops.baseline_engine_qnative``),
+    for the problems of other modules (q8_0_matmul)."""
+    return _Ops(qtype).baseline_engine_qnative
+
+
 class _Ops:
     """The callables of one type's problem (picklable by reference through the module's
     problems; each takes the qtype from here)."""
@@ -180,13 +186,13 @@ class _Ops:
 
         loaded = qlinear.loaded()
         if loaded.lib is None:
-            raise RuntimeError(f"engine_qnative: the native linear kernel is unavailable here: {loaded.reason}")
+            raise RuntimeError(f"engine_qnative_int8: the native linear kernel is unavailable here: {loaded.reason}")
         n, k = t["n"], t["k"]
         raw = np.ascontiguousarray(_raw(t), dtype=np.uint8).reshape(n, k // self.qk * self.nbytes)
         try:
             packed = qlinear.Packed(Weight([QuantTensor("wq", self.qtype, n, k, raw)]))
         except qlinear.NativeUnavailable as e:
-            raise RuntimeError(f"engine_qnative: {e}") from None
+            raise RuntimeError(f"engine_qnative_int8: {e}") from None
         lib, x = loaded.lib, t["x"].contiguous()
         return lambda: packed(lib, x, threads=torch.get_num_threads())
 
@@ -281,7 +287,7 @@ def make_problem(qtype: QT) -> Problem:
         output_shapes=lambda s: {"y": (s["batch"], s["n"])},
         reference=ops.reference,
         baselines={"dequant_F.linear": ops.baseline_dequant_linear,
-                   "engine_qnative": ops.baseline_engine_qnative},
+                   "engine_qnative_int8": ops.baseline_engine_qnative},
         eager=ops.eager,
         # the bound on a candidate's error is torch's fp32 one: never the 8-bit engine kernel
         fp32_torch=ops.baseline_dequant_linear,
