@@ -41,6 +41,7 @@ MAX_FAILURES = 3       # consecutive failed calls of any kind (refused, timed ou
 MAX_FATAL = MAX_FAILURES  # the engine factory's designer: unrecoverable errors in a row before it stops
 BACKOFF_CAP_S = 30.0   # pause after consecutive failed calls grows up to this
 UNREACHABLE_PAUSE_S = 0.1   # ... but after a refused connection, this per failure: nothing is listening
+CLOSE_GRACE_S = 3.0    # at the end of a run, what a call in flight gets to finish and record itself
 
 
 def _us(x) -> str | None:
@@ -106,7 +107,7 @@ class LLMAgent(Agent):
         """(messages, parent id, parent source, operator, problem, generation) or None."""
         p = board.problem
         backend = get_backend(p.backend)  # its language record: the system prompt, its target, the ABI
-        system = render_prompt(backend.language.system_prompt, **backend.target(), symbol=p.name,
+        system = render_prompt(backend.language.system_prompt, **backend.target(), symbol=p.entry,
                                signature=backend.signature(p))
         failed = self._to_repair(board)
         if failed is not None and self.store is not None:
@@ -265,5 +266,17 @@ class LLMAgent(Agent):
             "seconds": usage.get("seconds", 0.0), "error": usage.get("error"),
             "raw": (raw or "")[:20000] or None, "parent": parent.candidate_id if parent else None})
 
-    def close(self) -> None:
+    def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop asking; a call still in flight gets ``grace_s`` to finish and record itself (a
+        refused endpoint's last retries take a fraction of a second), so the run's summary says
+        what its calls did; one that takes longer (a model still generating) is abandoned."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + grace_s
+        for f in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                f.exception(timeout=left)
+            except Exception:  # noqa: BLE001 - cancelled or timed out: abandoned
+                pass
