@@ -90,67 +90,47 @@ class NoChampion(ConfigError):
     """A design asks for the kernel factory's champion where there is none."""
 
 
-LINEAR_OPS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
-              "down": ("ffn_down",)}
-
-
 def op_types(model: str | None) -> dict[str, tuple[str, ...]]:
     """op -> the GGUF block types its weights are stored in, over every layer (the file's
     metadata only; cached per file)."""
     from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
+    from swarmfactory.engine.models.decoder import OP_TENSORS, head_weight, op_weights
 
     gg = load_gguf(resolve_model_path(model))
-    out: dict[str, set] = {op: set() for op in (*LINEAR_OPS, "lm_head")}
-    for name, t in gg.tensors.items():
-        kind = name.rpartition(".")[0].rpartition(".")[2]  # blk.3.attn_q.weight -> attn_q
-        for op, kinds in LINEAR_OPS.items():
-            if name.startswith("blk.") and name.endswith(".weight") and kind in kinds:
-                out[op].add(t.qtype.name)
-    head = "output.weight" if "output.weight" in gg.tensors else "token_embd.weight"
-    out["lm_head"].add(gg.tensors[head].qtype.name)
-    return {op: tuple(sorted(ts)) for op, ts in out.items()}
+    out = {op: tuple(sorted({gg.tensor(n).qtype.name for i in range(gg.hparams.n_layers) for n in op_weights(op, i)}))
+           for op in OP_TENSORS}
+    return {**out, "lm_head": (gg.tensor(head_weight(gg.tensors)).qtype.name,)}
+
+
+def matmul_problems(model: str | None) -> dict[str, list[str]]:
+    """Block type of ``model``'s weights -> the kernel-factory problems whose champion may run its
+    rows, best first: the problem derived from this model for it (``<type>_matmul.<model>``,
+    problems/derive.py, where registered), then the type's own."""
+    from swarmfactory.engine.gguf_loader import resolve_model_path
+    from swarmfactory.engine.native_seam import FAMILIES
+    from swarmfactory.problems.derive import registered, slug
+
+    stem = slug(resolve_model_path(model).stem)
+    types = {t for ts in op_types(model).values() for t in ts}
+    return {qt.name: [p for p in (f"{family}.{stem}", family) if "." not in p or registered(p) is not None]
+            for family, qt in FAMILIES.items() if qt.name in types}
 
 
 def champion_kernels(model: str | None, champions: dict[str, str]) -> dict[str, str]:
     """op -> the kernel-factory champions ``kernels=champion`` runs it on: for each block type its
-    weights are stored in, the champion of the problem derived from this model for that type
-    (``<type>_matmul.<model>``, problems/derive.py) or else of the type's own problem, joined
-    (``kernelref.JOIN``); ops with no such champion keep the engine's own kernels."""
-    from swarmfactory.engine.native_seam import FAMILIES
-    from swarmfactory.problems.derive import slug
-
-    from swarmfactory.engine.gguf_loader import resolve_model_path
-
-    stem = slug(resolve_model_path(model).stem)
-    by_type = {}
-    for family, qt in FAMILIES.items():
-        for problem in (f"{family}.{stem}", family):
-            if champions.get(problem):
-                by_type[qt.name] = f"champion:{problem}@{champions[problem]}"
-                break
-    out = {op: kernelref.JOIN.join(by_type[t] for t in types if t in by_type)
+    weights are stored in, the first of ``matmul_problems`` with a champion in ``champions``,
+    joined (``kernelref.JOIN``); ops with no such champion keep the engine's own kernels."""
+    by_type = {t: next((f"champion:{p}@{champions[p]}" for p in probs if champions.get(p)), None)
+               for t, probs in matmul_problems(model).items()}
+    out = {op: kernelref.JOIN.join(by_type[t] for t in types if by_type.get(t))
            for op, types in op_types(model).items()}
     return {op: v for op, v in out.items() if v}
 
 
 def kernel_problems(model: str | None) -> list[str]:
     """The kernel-factory problems whose champions a design of ``model`` may pin: the block-type
-    matmuls of its weights' types (derived from it where registered, and the type's own), and the
-    native decoder's matvec."""
-    from swarmfactory.engine.native_seam import FAMILIES
-    from swarmfactory.problems.derive import registered, slug
-
-    from swarmfactory.engine.gguf_loader import resolve_model_path
-
-    stem = slug(resolve_model_path(model).stem)
-    types = {t for ts in op_types(model).values() for t in ts}
-    out = []
-    for family, qt in FAMILIES.items():
-        if qt.name in types:
-            if registered(f"{family}.{stem}") is not None:
-                out.append(f"{family}.{stem}")
-            out.append(family)
-    return [*out, MATVEC_PROBLEM]
+    matmuls of its weights' types (``matmul_problems``) and the native decoder's matvec."""
+    return [*(p for probs in matmul_problems(model).values() for p in probs), MATVEC_PROBLEM]
 
 
 def pins(cfg: EngineConfig) -> dict[str, str]:
@@ -249,8 +229,8 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
     for knob, problem in CHAMPION_KNOBS.items():
         have = bool(linear) if knob == "kernels" else bool(champions.get(problem))
         if base.weights == "q4_1" and k[knob] == "champion" and not have:
-            wanted = [p for p in kernel_problems(base.model) if "." not in p and p != MATVEC_PROBLEM] \
-                if knob == "kernels" else [problem]
+            wanted = [probs[-1] for probs in matmul_problems(base.model).values()] if knob == "kernels" \
+                else [problem]
             raise NoChampion(f"no {' or '.join(wanted)} champion on this hardware for {knob}=champion, or none "
                              f"confirmed under low contention (swarmfactory run --problems {','.join(wanted)} makes "
                              "and confirms one)")

@@ -175,6 +175,7 @@ def _view(hp):
 def derive(path: str | Path, scenario: Scenario | None = None, model: str | None = None) -> Derivation:
     """The derived problems (and the uncovered ops) of the GGUF at ``path`` under ``scenario``."""
     from swarmfactory.engine.gguf_loader import load_gguf
+    from swarmfactory.engine.models.decoder import head_weight, op_weights
 
     scenario = scenario or Scenario()
     path = Path(path)
@@ -233,12 +234,11 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     ropes = view.rope_sets(gg)
     for tokens, n_calls, context in calls:
         for li in range(L):
-            pre = f"blk.{li}."
             prob("rmsnorm" if li == 0 else "add_rmsnorm").add(
                 "input norm" if li == 0 else "residual add + input norm", {"rows": tokens, "cols": hp.dim},
                 n_calls * _seconds("rmsnorm" if li == 0 else "add_rmsnorm", {"rows": tokens, "cols": hp.dim}),
                 eps=eps)
-            linear("q|k|v", [pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight"], tokens, n_calls)
+            linear("q|k|v", op_weights("qkv", li), tokens, n_calls)
             if cls.qk_norm:
                 shape = {"rows": tokens * (H + KV), "cols": D}
                 prob("rmsnorm").add("q/k head norm", shape, n_calls * _seconds("rmsnorm", shape), eps=eps)
@@ -259,18 +259,18 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
                 prob("attention_decode").add("decode attention" + (" (sliding window)" if window else ""), shape,
                                              n_calls * _seconds("attention_decode", shape),
                                              scale=view.attention_scale())
-            linear("o", [pre + "attn_output.weight"], tokens, n_calls)
+            linear("o", op_weights("o", li), tokens, n_calls)
             if cls.sandwich_norms:
                 shape = {"rows": tokens, "cols": hp.dim}
                 prob("rmsnorm").add("post-attention norm", shape, n_calls * _seconds("rmsnorm", shape), eps=eps)
             shape = {"rows": tokens, "cols": hp.dim}
             prob("add_rmsnorm").add("residual add + pre-FFN norm", shape, n_calls * _seconds("add_rmsnorm", shape),
                                     eps=eps)
-            linear("gate|up", [pre + "ffn_gate.weight", pre + "ffn_up.weight"], tokens, n_calls)
+            linear("gate|up", op_weights("gate_up", li), tokens, n_calls)
             shape = {"n": tokens * hp.ffn_dim}
             if act:
                 prob(act).add(f"{cls.activation_name} gate", shape, n_calls * _seconds(act, shape))
-            linear("down", [pre + "ffn_down.weight"], tokens, n_calls)
+            linear("down", op_weights("down", li), tokens, n_calls)
             if cls.sandwich_norms:
                 shape = {"rows": tokens, "cols": hp.dim}
                 prob("rmsnorm").add("post-FFN norm", shape, n_calls * _seconds("rmsnorm", shape), eps=eps)
@@ -279,8 +279,7 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
         shape = {"rows": rows, "cols": hp.dim}
         prob("add_rmsnorm").add("residual add + final norm", shape, n_calls * _seconds("add_rmsnorm", shape),
                                 eps=eps)
-        head = "output.weight" if "output.weight" in gg.tensors else "token_embd.weight"
-        linear("output head", [head], rows, n_calls)
+        linear("output head", [head_weight(gg.tensors)], rows, n_calls)
 
     step = [p for p in problems.values() if p.weights]
     total = sum(sum(p.weights) for p in step) + sum(uncovered.values())
@@ -328,8 +327,10 @@ def problem_from_spec(spec: dict):
 
 
 def registry_dir() -> Path:
-    root = os.environ.get("SWARMFACTORY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "swarmfactory")
-    return Path(root) / "derived"
+    """``derived/`` under the engine's cache root (beside its calibrations and model digests)."""
+    from swarmfactory.engine.calibrate import cache_root
+
+    return cache_root().parent / "derived"
 
 
 def register(derivation: Derivation) -> Path:

@@ -39,6 +39,23 @@ from .rope import Rope
 from .step import PrefillChunk, StepInput
 
 
+# The tensors each linear op stacks along its output, in a layer (blk.<i>.<name>.weight), and the
+# output head's: what the engine multiplies, for whoever reads a file's ops (problems/derive.py,
+# enginefactory/design.py) as well as for the decoder.
+OP_TENSORS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
+              "down": ("ffn_down",)}
+
+
+def op_weights(op: str, layer: int) -> list[str]:
+    """The weight tensors of linear op ``op`` of layer ``layer``."""
+    return [f"blk.{layer}.{t}.weight" for t in OP_TENSORS[op]]
+
+
+def head_weight(tensors) -> str:
+    """The output head's tensor: its own, or the embedding where the file ties them."""
+    return "output.weight" if "output.weight" in tensors else "token_embd.weight"
+
+
 class Layer:
     __slots__ = ("attn_norm", "qkv", "qkv_bias", "qk_norm", "o", "post_attn_norm", "ffn_norm", "gate_up", "down",
                  "post_ffn_norm", "window", "rope")
@@ -83,7 +100,7 @@ class Decoder:
             w = Weight([gg.tensor(n) for n in names])
             return build_linear(cfg.weights, op, w, dt, kernels.get(op), dense_above.get(op), (classes or {}).get(op))
 
-        self.lm_head = lin("lm_head", "token_embd.weight" if hp.tied_embeddings else "output.weight")
+        self.lm_head = lin("lm_head", head_weight(gg.tensors))
         head = self.lm_head.kernel
         if hp.tied_embeddings and isinstance(head, Dense) and head.w is not None and head.w.dtype == dt:
             self.embed = head.w  # a tied head run dense holds the embedding's very numbers: one copy
@@ -143,13 +160,13 @@ class Decoder:
         post = self.sandwich_norms
         return Layer(
             attn_norm=self._norm_w(gg, p + "attn_norm.weight"),
-            qkv=lin("qkv", p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+            qkv=lin("qkv", *op_weights("qkv", i)),
             qkv_bias=bias, qk_norm=qk_norm,
-            o=lin("o", p + "attn_output.weight"),
+            o=lin("o", *op_weights("o", i)),
             post_attn_norm=self._norm_w(gg, p + "post_attention_norm.weight") if post else None,
             ffn_norm=self._norm_w(gg, p + "ffn_norm.weight"),
-            gate_up=lin("gate_up", p + "ffn_gate.weight", p + "ffn_up.weight"),
-            down=lin("down", p + "ffn_down.weight"),
+            gate_up=lin("gate_up", *op_weights("gate_up", i)),
+            down=lin("down", *op_weights("down", i)),
             post_ffn_norm=self._norm_w(gg, p + "post_ffw_norm.weight") if post else None,
             window=self.layer_window(i), rope=self.layer_rope(i),
         )
