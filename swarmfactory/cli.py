@@ -183,15 +183,24 @@ def problems_cmd(
         out.print(f"Derived from {model} (problems --from-model): {', '.join(names)}", soft_wrap=True)
 
 
+def _levels(concurrency: str) -> tuple[int, ...]:
+    """--concurrency read (problems --from-model, optimize); one line and exit 2 if it is not a
+    comma list of positive integers."""
+    try:
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        fail(f"--concurrency takes positive integers separated by commas, got {concurrency!r}")
+    return levels
+
+
 def _derived_problems(path: Path, prompt: int, output: int, concurrency: str, name: Optional[str],
                       as_json: bool) -> None:
     from swarmfactory.problems.derive import DeriveError, Scenario, derive, register
 
-    try:
-        conc = tuple(int(c) for c in concurrency.split(",") if c.strip())
-        scenario = Scenario(prompt=prompt, output=output, concurrency=conc)
-    except ValueError:
-        fail(f"--concurrency takes positive integers separated by commas, got {concurrency!r}")
+    conc = _levels(concurrency)
+    scenario = Scenario(prompt=prompt, output=output, concurrency=conc)
     try:
         d = derive(path, scenario, model=name)
     except DeriveError as e:
@@ -594,16 +603,14 @@ def optimize_cmd(
         fail("give a MODEL.gguf, or --resume RUN_ID (not both)")
     cfg = None
     if model is not None:
+        conc = _levels(concurrency)
         try:
-            conc = tuple(int(c) for c in concurrency.split(",") if c.strip())
             secs = parse_duration(time_budget)
             cfg = OptimizeConfig(model=str(model.resolve()), time_s=secs or 0, kernel_share=kernel_share,
                                  prompt=prompt, output=output, concurrency=conc, agents=agents, seed=seed,
                                  min_run_s=parse_duration(min_kernel_run) or 0)
         except (OptimizeError, ValueError) as e:
             fail(str(e))
-        if not conc or min(conc) < 1:
-            fail(f"--concurrency takes positive integers separated by commas, got {concurrency!r}")
     st = open_store(store, create=resume is None, write=True)
     from swarmfactory import lifecycle
     from swarmfactory.evidence.processes import ProcessLedger

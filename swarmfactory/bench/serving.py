@@ -377,14 +377,22 @@ def random_prompts(vocab: int | None):
     return functools.partial(make_prompts, vocab_lo=min(100, hi // 2), vocab_hi=hi)
 
 
+def _served(data, model: str | None = None) -> tuple[str | None, int | None]:
+    """From /v1/models' ``data``: the id of the model asked for (``model``, else the first entry)
+    and the vocabulary size its entry states (ours, and servers that add it), else None."""
+    entries = [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
+    entry = next((d for d in entries if d.get("id") == model), None) if model else (entries[0] if entries else None)
+    vocab = (entry or {}).get("vocab_size")
+    return model or (entry or {}).get("id"), (vocab if isinstance(vocab, int) and vocab > 1 else None)
+
+
 def served_vocab(url: str, timeout: float = 10) -> int | None:
     """The vocabulary size the server at ``url`` states in /v1/models (ours does), or None."""
     try:
         data = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout).json().get("data") or []
-        vocab = data[0].get("vocab_size") if data and isinstance(data[0], dict) else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
-    return vocab if isinstance(vocab, int) and vocab > 1 else None
+    return _served(data)[1]
 
 
 def make_prompts(n: int, input_len: int, seed: int, vocab_lo: int = 100, vocab_hi: int = 10000) -> list[list[int]]:
@@ -571,12 +579,9 @@ async def _detect_model(url: str, api_key: str | None, model: str | None = None)
         async with httpx.AsyncClient(timeout=10) as c:
             r = await c.get(url + "/v1/models", headers=headers)
             data = r.json().get("data") or []
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError, AttributeError):
         return model, None
-    entry = next((d for d in data if isinstance(d, dict) and d.get("id") == model), None) if model else \
-        (data[0] if data and isinstance(data[0], dict) else None)
-    vocab = entry.get("vocab_size") if entry else None
-    return (model or (entry or {}).get("id")), (vocab if isinstance(vocab, int) and vocab > 1 else None)
+    return _served(data, model)
 
 
 async def bench(url: str, concurrencies: list[int], input_len: int = 128, output_len: int = 128,
