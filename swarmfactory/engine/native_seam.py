@@ -71,7 +71,6 @@ FAMILIES: dict[str, QT] = {"q4_1_matmul": QT.Q4_1, "q4_0_matmul": QT.Q4_0, "q5_0
                            "q8_0_matmul": QT.Q8_0, "q4_k_matmul": QT.Q4_K, "q5_k_matmul": QT.Q5_K,
                            "q6_k_matmul": QT.Q6_K}
 assert tuple(FAMILIES) == NATIVE_PROBLEMS
-PROBLEM = SYMBOL = "q4_1_matmul"  # the first of them (and the only one before there were others)
 
 
 def signature(symbol: str) -> str:
@@ -79,7 +78,6 @@ def signature(symbol: str) -> str:
     return f"void {symbol}(const uint8_t *wq, const float *x, float *y, int64_t n, int64_t k, int64_t batch)"
 
 
-SIGNATURE = signature(PROBLEM)
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
 
 # The load-time check: rows of random activations per weight (one, and an odd few for the tails
