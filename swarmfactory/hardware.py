@@ -12,6 +12,7 @@ the older machine fully.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import platform
 from functools import cache
@@ -126,10 +127,139 @@ def cpu_fingerprint() -> dict:
     if cpu_mask():
         fp["mask"] = cpu_mask()
     fp["id"] = hashlib.sha256(repr(sorted(fp.items())).encode()).hexdigest()[:12]
+    # described, not identifying: the id stays what it was before these were recorded
     caches = cache_sizes()
-    if caches:  # described, not identifying: the id stays what it was before caches were recorded
+    if caches:
         fp["caches"] = caches
+    fp.update(microarchitecture(info))
     return fp
+
+
+def microarchitecture(info: dict[str, str] | None = None) -> dict:
+    """The CPU's vendor and its family, model and stepping numbers (``vendor``, ``family``,
+    ``cpu_model``, ``stepping``; those /proc/cpuinfo states): a marketing name ("AMD EPYC")
+    covers several microarchitectures, these numbers name one (AMD family 25 model 17 is Zen 4,
+    model 1 Zen 3)."""
+    info = _cpuinfo() if info is None else info
+    out: dict = {}
+    vendor = info.get("vendor_id") or info.get("CPU implementer")
+    if vendor:
+        out["vendor"] = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}.get(vendor, vendor)
+    for key, name in (("cpu family", "family"), ("model", "cpu_model"), ("stepping", "stepping"),
+                      ("CPU architecture", "family"), ("CPU part", "cpu_model"), ("CPU variant", "stepping")):
+        value = info.get(key)
+        if value and name not in out:
+            try:
+                out[name] = int(value, 0)
+            except ValueError:
+                continue
+    return out
+
+
+BANDWIDTH_BYTES = 64 << 20   # each of the two buffers of the bandwidth probe
+
+
+def memory_bandwidth(refresh: bool = False) -> float | None:
+    """This machine's memory copy bandwidth in GB/s (bytes read plus written per second, the best
+    of five 64 MiB copies), measured once per machine and kept in the cache directory; None where
+    it cannot be measured. The best of five is the machine's, not the load's: other work running
+    now lowers some copies, rarely all five."""
+    import json
+
+    from swarmfactory.evidence.journal import cache_root
+
+    path = cache_root() / "machine" / f"{cpu_fingerprint()['id']}.json"
+    if not refresh:
+        try:
+            return float(json.loads(path.read_text())["bandwidth_gbs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    try:
+        import time
+
+        import numpy as np
+
+        src = np.ones(BANDWIDTH_BYTES // 8)
+        dst = np.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - t0)
+        gbs = round(2 * BANDWIDTH_BYTES / best / 1e9, 1)
+    except Exception:  # numpy missing or no memory for the buffers: the profile goes without it
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"bandwidth_gbs": gbs, "bytes": BANDWIDTH_BYTES}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return gbs
+
+
+def machine_profile() -> dict:
+    """This machine as lessons and cost-model rows describe where they come from: the fingerprint
+    (model, SIMD features, cores, caches, vendor, family/model numbers) and its memory bandwidth
+    (``bandwidth_gbs``, measured once)."""
+    fp = dict(cpu_fingerprint())
+    bw = memory_bandwidth()
+    if bw:
+        fp["bandwidth_gbs"] = bw
+    return fp
+
+
+# How much each difference between two machines lowers their similarity (``similarity``).
+OTHER_VENDOR = 0.5          # AMD against Intel
+OTHER_FAMILY = 0.65         # same vendor, another CPU family
+OTHER_MODEL = 0.8           # same vendor and family, another model (AMD Zen 3 against Zen 4)
+OTHER_NAME = 0.6            # no numbers recorded and the model names differ
+SIZE_SCALE = {"l1d": 0.25, "l2": 0.25, "l3": 0.25, "cpus": 0.25, "bandwidth_gbs": 0.5}
+
+
+def similarity(a: dict | None, b: dict | None) -> float:
+    """How far what is fast on machine ``a`` is evidence of what is fast on ``b``, in [0, 1]: 1 for
+    the same machine (same fingerprint id), otherwise the product of
+
+    * the microarchitecture: x ``OTHER_VENDOR`` for another vendor, x ``OTHER_FAMILY`` for another
+      family of the same vendor, x ``OTHER_MODEL`` for another model of the same family (only the
+      model names compared, x ``OTHER_NAME`` where they differ, for a machine described without
+      the numbers);
+    * the instruction sets: the Jaccard similarity of their SIMD features (an AVX2 machine against
+      an AVX-512 one: 0.5);
+    * each size both describe (L1d, L2, L3, cores, memory bandwidth): ``exp(-scale x |log2 ratio|)``
+      (a cache twice the size: 0.78).
+
+    An AMD Zen 4 against an Intel Sapphire Rapids comes out near 0.2, against an AMD Zen 3 near
+    0.35, against itself masked to AVX2 0.5. Fields either machine lacks are not compared."""
+    a, b = a or {}, b or {}
+    if a.get("id") and a.get("id") == b.get("id"):
+        return 1.0
+    s = 1.0
+    if a.get("vendor") and b.get("vendor"):
+        if a["vendor"] != b["vendor"]:
+            s *= OTHER_VENDOR
+        elif a.get("family") != b.get("family"):
+            s *= OTHER_FAMILY
+        elif a.get("cpu_model") != b.get("cpu_model"):
+            s *= OTHER_MODEL
+    elif (a.get("model") or "") != (b.get("model") or ""):
+        s *= OTHER_NAME
+    fa = {f for f in a.get("features") or () if f in SIMD_FLAGS}
+    fb = {f for f in b.get("features") or () if f in SIMD_FLAGS}
+    if fa or fb:
+        s *= len(fa & fb) / len(fa | fb)
+    ca, cb = a.get("caches") or {}, b.get("caches") or {}
+    for key, scale in SIZE_SCALE.items():
+        x = ca.get(key) if key in ("l1d", "l2", "l3") else a.get(key)
+        y = cb.get(key) if key in ("l1d", "l2", "l3") else b.get(key)
+        try:
+            if x and y and float(x) > 0 and float(y) > 0:
+                s *= math.exp(-scale * abs(math.log2(float(x) / float(y))))
+        except (TypeError, ValueError):
+            continue
+    return s
 
 
 def cache_sizes() -> dict[str, int]:

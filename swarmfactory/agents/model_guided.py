@@ -6,8 +6,10 @@ The model (``knowledge.costmodel``) trains on this problem's evidence on this ma
 the board carries from elsewhere (``board.transfer``: other problems, other machines, described by
 their features), so on a new problem or a new machine it proposes from the first turn, and its own
 evidence takes over as it accumulates. Once the problem has a few measured configurations of its
-own, the transferred evidence is checked against them (does a model trained on it alone rank them
-better than chance?); where it does not, the agent uses its own evidence only. Failed
+own, each source of the transferred evidence (this machine's other problems, each other machine)
+is checked against them (does a model trained on it alone rank them better than chance?); a source
+that does not is dropped, and with none left the agent uses its own evidence only. A row of
+another machine weighs its similarity to this one (``hardware.similarity``). Failed
 configurations train it as a heavy penalty, so it learns to avoid them too. It reads the space it
 searches through the protocol (problems/space.py) and its features (``costmodel.problem_features``),
 so it proposes engine designs as it proposes kernels."""
@@ -27,38 +29,58 @@ class ModelGuidedAgent(Agent):
         self.min_points, self.models, self.explore, self.epsilon = min_points, models, explore, epsilon
         self.min_transfer, self.lead_for, self.check_after = min_transfer, lead_for, check_after
         self._transfer_models: dict = {}
-        self._checked: tuple = (None, True)
+        self._checked: tuple = (None, [])
 
     def leads(self, board: Board) -> bool:
         """With transferred evidence and fewer than ``lead_for`` measured configurations of its own,
         the model is the best guess the swarm has: it proposes first (unless this problem's own
-        evidence already contradicts what was transferred)."""
+        evidence already contradicts every source of what was transferred)."""
         if len(board.transfer) < self.min_transfer:
             return False
         own = sum(1 for e in board.entries if e.knobs is not None and e.speedup is not None)
-        return own < self.lead_for and self.transfer_holds(board)
+        return own < self.lead_for and len(self.transferred(board)) >= self.min_transfer
 
     def transfer_holds(self, board: Board) -> bool:
-        """Does what was transferred rank this problem's own measured configurations better than
-        chance? A model trained on the transferred rows alone predicts them; with ``check_after``
-        or more and a Spearman rho <= 0 it does not (negative transfer): the agent then trains on
-        the problem's own evidence only and no longer leads. True until there is evidence to check."""
+        """Does any source of what was transferred hold on this problem (``transferred``)?"""
+        return bool(self.transferred(board)) or len(board.transfer) < self.min_transfer
+
+    def transferred(self, board: Board) -> list:
+        """The transferred rows of the sources that rank this problem's own measured configurations
+        better than chance. The sources are this machine's other problems and each other machine;
+        once the problem has ``check_after`` measured configurations of its own, a model trained on
+        one source alone predicts them, and a source with Spearman rho <= 0 is dropped (negative
+        transfer), so one source that hurts does not take the others with it. Every source is kept
+        until there is evidence to check it; a source of fewer than ``min_transfer`` rows, too few
+        to train a model of its own on, is kept."""
         from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets, spearman
 
         p, hw = board.problem, board.hardware or {}
+        rows = list(board.transfer)
         own = [(e.knobs, r) for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)
                for r in [make_row(p, hw, e.knobs, e.outcome, e.speedup, e.weight)] if r is not None]
-        if len(own) < self.check_after or len(board.transfer) < self.min_transfer:
-            return True
-        key = (p.name, id(board.transfer), len(board.transfer), len(own))
+        if len(own) < self.check_after or len(rows) < self.min_transfer:
+            return rows
+        key = (p.name, id(board.transfer), len(rows), len(own))
         if self._checked[0] != key:
-            model = self._transfer_models.get(key[:3])
-            if model is None:
-                model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(board.transfer)))
-                self._transfer_models = {key[:3]: model}
-            pred, _ = model.predict(p, hw, [k for k, _ in own])
+            sources: dict[str, list] = {}
+            for r in rows:
+                sources.setdefault("here" if r.hardware_id == hw.get("id") else r.hardware_id, []).append(r)
+            kept = []
             actual = [r.log_speedup if r.log_speedup is not None else -1e9 for _, r in own]
-            self._checked = (key, spearman(pred, actual) > 0)
+            for name, group in sources.items():
+                if len(group) < self.min_transfer:
+                    kept += group   # too few to train a model on: nothing to check it with
+                    continue
+                mkey = (p.name, id(board.transfer), len(rows), name)
+                model = self._transfer_models.get(mkey)
+                if model is None:
+                    model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(group)))
+                    self._transfer_models[mkey] = model
+                pred, _ = model.predict(p, hw, [k for k, _ in own])
+                if spearman(pred, actual) > 0:
+                    kept += group
+            self._transfer_models = {k: v for k, v in self._transfer_models.items() if k[:3] == key[:3]}
+            self._checked = (key, kept)
         return self._checked[1]
 
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
@@ -68,7 +90,7 @@ class ModelGuidedAgent(Agent):
         hw = board.hardware or {}
         data = [e for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)]
         own = [r for r in (make_row(p, hw, e.knobs, e.outcome, e.speedup, e.weight) for e in data) if r is not None]
-        transfer = list(board.transfer) if self.transfer_holds(board) else []
+        transfer = self.transferred(board)
         if not p.knobs or (len(own) < self.min_points and len(transfer) < self.min_transfer):
             return []
         for r in own:
@@ -88,7 +110,7 @@ class ModelGuidedAgent(Agent):
         if not pool:
             return []
         model = CostModel(models=self.models, n_estimators=60, seed=rng.randrange(1 << 30))
-        mean, spread = model.fit(rows, own=(p.name, hw.get("id"))).predict(p, hw, pool)
+        mean, spread = model.fit(rows, own=(p.name, hw.get("id")), here=hw).predict(p, hw, pool)
         score = mean + self.explore * spread
         order = sorted(range(len(pool)), key=lambda i: -score[i])
         parents = board.elites(1)

@@ -14,14 +14,17 @@ Features (names are shared across problems, so a knob or a family seen before me
 * problem: op family (one-hot), number of inputs and outputs, quantised inputs, log10 of the
   workload's bytes and flops (min and max over its shapes, from the problem's roofline), flops
   per byte, log2 of the largest and smallest shape dimension and of the elements per shape;
-* machine: instruction-set level (AVX-512, AVX2, VNNI, BF16 flags), cores, cache sizes;
+* machine: instruction-set level (AVX-512, AVX2, VNNI, BF16 flags), cores, cache sizes, vendor and
+  memory bandwidth where recorded;
 * knobs: numeric values as log2 under the knob's name, other values one-hot ``name=value``, and
   ``threads_on`` (any parallel scheme against ``none``), the knob every template has.
 
 Rows of the problem being searched, on this machine, weigh at least ``OWN_WEIGHT`` times a
 transferred row, and together grow to the weight of everything transferred by ``OWN_SHARE_AT``
 rows of their own: as its own evidence accumulates it takes over from what was transferred.
-Every row's weight is also multiplied by its measurement quality (``evidence/quality.py``:
+A row of another machine weighs its ``hardware.similarity`` to the searched one (a label such as
+"AVX-512" says little: an AMD Zen 4 and an Intel Xeon both carry it). Every row's weight is also
+multiplied by its measurement quality (``evidence/quality.py``:
 ``(1 - suffered) / (1 + relative CI width)``); ``inconclusive`` verdicts and measurements taken on
 a busy machine make no row at all.
 """
@@ -92,6 +95,10 @@ def hardware_features(hw: dict | None) -> dict[str, float]:
     f["cores"] = float(hw.get("cpus") or 1)
     for level, kib in (hw.get("caches") or {}).items():
         f[f"log_cache_{level}"] = math.log2(max(int(kib), 1))
+    if hw.get("vendor"):
+        f[f"vendor={hw['vendor']}"] = 1.0
+    if hw.get("bandwidth_gbs"):
+        f["log_bandwidth"] = math.log2(max(float(hw["bandwidth_gbs"]), 0.1))
     return f
 
 
@@ -118,6 +125,7 @@ class Row:
     log_speedup: float | None      # None: the configuration failed
     target: float = 0.0            # relative log speedup (set by ``relative_targets``)
     weight: float = 1.0            # its measurement's quality (evidence/quality.py); failures weigh 1
+    hardware: dict | None = None   # the machine's fingerprint, for its similarity to the one searched
 
 
 def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup: float | None,
@@ -131,7 +139,8 @@ def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup:
     else:
         return None
     feats = {**problem_features(problem), **hardware_features(hardware), **knob_features(knobs)}
-    return Row(problem.name, (hardware or {}).get("id", "?"), feats, dict(knobs), log_s, weight=weight)
+    return Row(problem.name, (hardware or {}).get("id", "?"), feats, dict(knobs), log_s, weight=weight,
+               hardware=hardware)
 
 
 def rows_from_evidence(evidence: Iterable[KnobEvidence | Mapping], problems: dict | None = None) -> list[Row]:
@@ -219,9 +228,10 @@ class CostModel:
                     X[i, j] = v
         return X
 
-    def fit(self, rows: list[Row], own: tuple[str, str] | None = None) -> CostModel:
+    def fit(self, rows: list[Row], own: tuple[str, str] | None = None, here: dict | None = None) -> CostModel:
         """Train on ``rows`` (targets from ``relative_targets``); rows of ``own`` = (problem,
-        hardware id) weigh ``OWN_WEIGHT``."""
+        hardware id) weigh ``OWN_WEIGHT``. With ``here`` (the searched machine's fingerprint) a
+        row of another machine weighs its ``hardware.similarity`` to it as well."""
         from sklearn.ensemble import GradientBoostingRegressor
 
         rows = rows[-MAX_ROWS:]
@@ -235,6 +245,15 @@ class CostModel:
         share = min(1.0, n_own / OWN_SHARE_AT)
         w_own = max(OWN_WEIGHT, share * n_other / n_own) if n_own else 0.0
         w = np.where(mine, w_own, 1.0) * np.array([r.weight for r in rows])  # times each row's quality
+        if here is not None:
+            from swarmfactory.hardware import similarity
+
+            sims: dict[str, float] = {}
+            for i, r in enumerate(rows):
+                if r.hardware_id != here.get("id"):
+                    if r.hardware_id not in sims:
+                        sims[r.hardware_id] = max(similarity(r.hardware, here), 0.05)
+                    w[i] *= sims[r.hardware_id]
         rng = np.random.default_rng(self.seed)
         self.fitted = []
         for _ in range(self.models):
