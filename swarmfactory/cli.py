@@ -804,10 +804,16 @@ def lessons_cmd(
             out.line()
         _print_table(t, wide)
         for r in group:
+            d = r.data
             if r.status != "active":
-                d = r.data
                 out.print(f"  retired {d.get('knob')}={d.get('better')} > {d.get('worse')} ({_scope_text(d)}): "
                           f"{d.get('why', '')}", markup=False, highlight=False)
+            # its standing where it was not learnt: a hypothesis there, confirmed or retired by local evidence
+            for where, v in sorted((d.get("local") or {}).items()):
+                problem_there, _, hw_there = where.partition("@")
+                on = ("this machine" if hw_there == st.hardware["id"] else f"machine {hw_there}")
+                out.print(f"  {d.get('knob')}={d.get('better')} > {d.get('worse')} on {problem_there}, {on}: "
+                          f"{v.get('status')}: {v.get('why', '')}", markup=False, highlight=False)
     out.print("effect: geometric-mean speedup of better over worse; the rule: docs/agents.md", markup=False,
               highlight=False)
 

@@ -69,14 +69,20 @@ from swarmfactory.problems.spec import knob_key
 AGENT = "analyst"
 MIN_PAIRS = 4          # matched pairs for a matched estimate
 MIN_PER_SIDE = 6       # configurations on each side for an unmatched one
+MIN_ADJUSTED = 8       # configurations for an adjusted (additive-model) estimate
+MIN_ADJUSTED_SIDE = 3  # ... with at least this many on each side
+MIN_DF = 4             # ... and this many residual degrees of freedom
+LOCAL_PAIRS = 2        # matched pairs (or an adjusted estimate from 2 per side) that test a lesson from elsewhere
 MIN_EFFECT = 1.05      # a new lesson's better value is at least 5% faster
 CONFIDENCE = 0.95
 RESAMPLES = 4000
 REFRESH_GROWTH = 1.5   # an active lesson is re-recorded once its support grew by this factor
-RULE = (f"ratio >= {MIN_EFFECT:g} and its bootstrap CI (expanded percentile) excludes 1 at a family-wise "
-        f"{CONFIDENCE:.0%} (Bonferroni over the problem's comparisons), from >= {MIN_PAIRS} matched pairs or "
-        f">= {MIN_PER_SIDE} configurations per side; retired when a re-check's plain {CONFIDENCE:.0%} CI "
-        "includes 1 or lies on the other side")
+RULE = (f"ratio >= {MIN_EFFECT:g} and its CI excludes 1 at a family-wise {CONFIDENCE:.0%} (Bonferroni over the "
+        f"problem's comparisons), from >= {MIN_PAIRS} matched pairs, >= {MIN_PER_SIDE} configurations per side, or "
+        f"an additive model of >= {MIN_ADJUSTED} configurations (>= {MIN_ADJUSTED_SIDE} per side, >= {MIN_DF} residual "
+        f"degrees of freedom); retired when a re-check's plain {CONFIDENCE:.0%} CI includes 1 or lies on the other "
+        "side; a lesson from another machine or problem is a hypothesis there until local evidence confirms it, "
+        "and is retired there by the first that contradicts it")
 
 
 @dataclass
@@ -144,11 +150,23 @@ def isa_label(features: list[str] | tuple[str, ...]) -> str:
     return "baseline ISA"
 
 
+MACHINE_FIELDS = ("vendor", "family", "cpu_model", "stepping", "caches", "bandwidth_gbs")
+
+
 def hardware_info(hw: dict) -> dict:
+    """The machine a lesson comes from, as it is shown and compared (``hardware.similarity``): its
+    model name, ISA level, cores and features, and where recorded its microarchitecture, caches and
+    memory bandwidth. For this machine those come from ``hardware.machine_profile``."""
+    from swarmfactory.hardware import cpu_fingerprint, machine_profile
+
+    if hw.get("id") == cpu_fingerprint()["id"] and hw.get("mask") == cpu_fingerprint().get("mask"):
+        hw = {**machine_profile(), **hw}
     model = re.sub(r"\((R|TM|tm|r)\)|\bCPU\b|\bProcessor\b|\b\d+-Core\b|@.*$", "", hw.get("model") or "?")
     model = " ".join(model.split()) or hw.get("arch") or "?"
-    return {"id": hw.get("id"), "model": model, "isa": isa_label(hw.get("features") or ()),
+    info = {"id": hw.get("id"), "model": model, "isa": isa_label(hw.get("features") or ()),
             "cpus": hw.get("cpus"), "features": list(hw.get("features") or ()), "mask": hw.get("mask")}
+    info.update({k: hw[k] for k in MACHINE_FIELDS if hw.get(k) is not None})
+    return info
 
 
 def hardware_label(info: dict) -> str:
@@ -220,10 +238,12 @@ def expanded_tail(n: int, confidence: float = CONFIDENCE) -> float:
 
 
 def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[str] | None = None,
-             comparisons: int = 1) -> Estimate | None:
+             comparisons: int = 1, local: bool = False) -> Estimate | None:
     """knob=a against knob=b over ``scope`` (None: the whole workload); None without the support
     the rule asks for. ``comparisons``: how many the caller makes in all (for the family-wise
-    interval)."""
+    interval). ``local``: the support that tests a lesson from elsewhere (``LOCAL_PAIRS`` matched
+    pairs, or an adjusted estimate from ``LOCAL_PAIRS`` configurations per side), not the support
+    that makes a new lesson."""
     sides: tuple[dict, dict] = ({}, {})
     for cfg in configs.values():
         if knob not in cfg.knobs or cfg.knobs[knob] not in (a, b):
@@ -234,7 +254,17 @@ def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[
             sides[0 if cfg.knobs[knob] == a else 1][rest] = (x, cfg)
     rng = np.random.default_rng(zlib.crc32(f"{knob}|{a}|{b}|{scope_key(scope)}".encode()))
     matched = [k for k in sides[0] if k in sides[1]]
-    if len(matched) >= MIN_PAIRS:
+    if local:
+        if len(matched) < LOCAL_PAIRS:
+            return adjusted(configs, knob, a, b, scope, comparisons, min_configs=2 * LOCAL_PAIRS,
+                            min_side=LOCAL_PAIRS, min_df=1)
+    elif len(matched) < MIN_PAIRS:
+        # fewer pairs than a matched estimate needs: the additive model holds the other knobs
+        # equal where it can; the unmatched comparison of the two sides where it cannot
+        adj = adjusted(configs, knob, a, b, scope, comparisons)
+        if adj is not None or min(len(sides[0]), len(sides[1])) < MIN_PER_SIDE:
+            return adj
+    if len(matched) >= (LOCAL_PAIRS if local else MIN_PAIRS):
         d = np.array([sides[0][k][0] - sides[1][k][0] for k in matched])
         boot = d[rng.integers(0, len(d), (RESAMPLES, len(d)))].mean(axis=1)
         point, used, pairs, method = d.mean(), [sides[i][k][1] for k in matched for i in (0, 1)], len(matched), "matched"
@@ -256,6 +286,59 @@ def estimate(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[
     slo, shi = _interval(boot, point, se, df, n, family)
     return Estimate(math.exp(point), math.exp(lo), math.exp(hi), sorted(e for c in used for e in c.evals),
                     pairs, method, math.exp(slo), math.exp(shi))
+
+
+def adjusted(configs: dict[str, Config], knob: str, a: Any, b: Any, scope: list[str] | None = None,
+             comparisons: int = 1, min_configs: int = MIN_ADJUSTED, min_side: int = MIN_ADJUSTED_SIDE,
+             min_df: int = MIN_DF) -> Estimate | None:
+    """knob=a against knob=b adjusted for the other knobs: the least-squares fit of every measured
+    configuration's log speedup to an intercept plus one term per value of every knob (additive:
+    no interactions), the effect the difference of the two values' terms, its interval the t
+    interval on the fit's residual variance (interactions the model leaves out count as noise
+    there). What a short run's evidence supports, where few configurations differ in one knob
+    only. None with fewer than ``min_configs`` configurations, ``min_side`` on either side or
+    ``min_df`` residual degrees of freedom, or where the design cannot separate the two values
+    from the other knobs (every a-configuration also has vw=16, say)."""
+    from scipy.special import stdtrit
+
+    rows = [(cfg, x) for cfg in configs.values() if knob in cfg.knobs
+            for x in [_value(cfg, scope)] if x is not None]
+    side = [sum(1 for c, _ in rows if c.knobs[knob] == v) for v in (a, b)]
+    if len(rows) < min_configs or min(side) < min_side:
+        return None
+    names = sorted({k for c, _ in rows for k in c.knobs})
+    levels = {k: sorted({json.dumps(c.knobs.get(k), sort_keys=True) for c, _ in rows}) for k in names}
+    columns = [(k, v) for k in names for v in levels[k][1:]]   # the first level of each knob is the intercept's
+    index = {col: 1 + i for i, col in enumerate(columns)}
+    X = np.zeros((len(rows), 1 + len(columns)))
+    X[:, 0] = 1.0
+    for i, (c, _) in enumerate(rows):
+        for k in names:
+            j = index.get((k, json.dumps(c.knobs.get(k), sort_keys=True)))
+            if j is not None:
+                X[i, j] = 1.0
+    y = np.array([x for _, x in rows])
+    contrast = np.zeros(X.shape[1])
+    for v, sign in ((a, 1.0), (b, -1.0)):
+        j = index.get((knob, json.dumps(v, sort_keys=True)))
+        if j is not None:
+            contrast[j] += sign
+    pinv = np.linalg.pinv(X)
+    rank = int(np.linalg.matrix_rank(X))
+    df = len(rows) - rank
+    # estimable only where the contrast lies in the row space of the design
+    if df < min_df or np.abs(contrast @ (np.eye(X.shape[1]) - pinv @ X)).max() > 1e-8:
+        return None
+    beta = pinv @ y
+    resid = y - X @ beta
+    sigma2 = float(resid @ resid) / df
+    se = math.sqrt(max(sigma2 * float(contrast @ pinv @ pinv.T @ contrast), 0.0))
+    point = float(contrast @ beta)
+    family = 1 - (1 - CONFIDENCE) / max(1, comparisons)
+    q, qs = (float(stdtrit(df, 1 - (1 - c) / 2)) * se for c in (CONFIDENCE, family))
+    support = sorted(e for c, _ in rows for e in c.evals)
+    return Estimate(math.exp(point), math.exp(point - q), math.exp(point + q), support, 0, "adjusted",
+                    math.exp(point - qs), math.exp(point + qs))
 
 
 def _interval(boot, point: float, se: float, df: float, n: int, confidence: float) -> tuple[float, float]:
@@ -288,16 +371,22 @@ def claim_text(problem: str, features: dict, knob: str, better: Any, worse: Any,
             f"[{lo:.2f}, {hi:.2f}], {evaluations} evaluations, {how}, {hardware_label(hardware)}")
 
 
-def _features(problem, name: str, knob: str, scope_shapes: list[dict], all_shapes: list[dict]) -> dict:
+def _features(problem, name: str, knob: str, scope_shapes: list[dict] | None, all_shapes: list[dict]) -> dict:
+    """What a claim is about. ``scope_shapes`` None: the whole workload (the shapes seen, or the
+    problem's own workload where the evidence carries no per-shape timings), coverage 1."""
+    whole = scope_shapes is None
+    if whole:
+        scope_shapes = all_shapes or ([dict(s) for s in problem.workload] if problem is not None else [])
     dims: dict[str, list[int]] = {}
     for s in scope_shapes:
         for d, v in s.items():
             lo, hi = dims.get(d, [v, v])
             dims[d] = [min(lo, v), max(hi, v)]
     f: dict[str, Any] = {"problem": name, "dims": dims, "shapes": scope_shapes,
-                         "coverage": len(scope_shapes) / max(1, len(all_shapes))}
+                         "coverage": 1.0 if whole else len(scope_shapes) / max(1, len(all_shapes))}
     if problem is not None:
         f["aspect"] = problem.knob_aspects.get(knob)
+        f["kernel"] = problem.entry   # a model's variant of a family problem shares its family's kernel
         try:
             if problem.roofline is not None:
                 rl = [problem.roofline(s) for s in scope_shapes]
@@ -333,11 +422,11 @@ class Analyst:
         written: list[dict] = []
         names = problems if problems is not None else self.store.evaluated_problems()
         hw_filter = None if hardware_ids is None else set(hardware_ids)
+        everything = {r.key: r for r in self.store.current_lessons(include_retired=True)}
         for prob in names:
             name = prob if isinstance(prob, str) else prob.name
             problem = _load(name) if isinstance(prob, str) else prob
             rows = self.store.knob_evidence(name)
-            current = self.store.current_lessons(name, include_retired=True)
             machines: dict[str, dict] = {}
             for r in rows:
                 machines[r.hardware_id] = r.hardware
@@ -346,9 +435,61 @@ class Analyst:
                     continue
                 spec = problem.spec_hash() if problem is not None else \
                     next(r.problem_spec for r in reversed(rows) if r.hardware_id == hw_id)
-                mine = {r.key: r for r in current if r.hardware_id == hw_id}
+                mine = {k: r for k, r in everything.items() if r.problem == name and r.hardware_id == hw_id}
                 written += self._analyse(name, problem, spec, hw_id, hardware_info(hw), rows, mine, run_id)
+                everything.update(mine)
+                if problem is not None:
+                    written += self._test_hypotheses(name, problem, spec, hw_id, rows, everything, run_id)
         return written
+
+    def _test_hypotheses(self, name, problem, spec, hw_id, rows: list[KnobEvidence], lessons: dict[str, Lesson],
+                         run_id) -> list[dict]:
+        """Test every active lesson from elsewhere (another machine, another problem) that applies to
+        ``name`` against ``name``'s own evidence on ``hw_id``. A lesson from elsewhere is a
+        hypothesis here: it may order the first proposals, but the first local evidence that
+        contradicts it (``LOCAL_PAIRS`` matched pairs or an adjusted estimate whose point estimate
+        is not in its favour) retires it *here*, for good, while it stays active where it was
+        learnt; local evidence whose plain 95% CI excludes 1 in its favour confirms it here. Its
+        standing here is ``data["local"]["PROBLEM@MACHINE"]``, written as a new row of the lesson
+        (its status where it was learnt unchanged), and ``priors.relevance`` reads it."""
+        configs, shapes = configurations(rows, spec, hw_id)
+        if len(configs) < 2:
+            return []
+        here_shapes = {shape_key(s) for s in shapes}
+        where = f"{name}@{hw_id}"
+        out = []
+        for key, row in list(lessons.items()):
+            d = row.data or {}
+            knob, better, worse = d.get("knob"), d.get("better"), d.get("worse")
+            if (row.status != "active" or (row.problem == name and row.hardware_id == hw_id)
+                    or knob not in problem.knobs or better not in problem.knobs[knob]
+                    or worse not in problem.knobs[knob] or better == worse):
+                continue
+            prev = (d.get("local") or {}).get(where) or {}
+            if prev.get("status") == "retired":
+                continue
+            scope = d.get("scope")
+            if row.problem != name or not scope or not all(s in here_shapes for s in scope):
+                scope = None
+            e = estimate(configs, knob, better, worse, scope, local=True)
+            if e is None:
+                continue
+            r, lo, hi = e.oriented(True)
+            status = "retired" if r <= 1.0 else "confirmed" if lo > 1.0 else "pending"
+            if status == prev.get("status", "pending"):
+                continue
+            now = (f"{knob}={better} vs {knob}={worse} is {r:.2f}x [{lo:.2f}, {hi:.2f}] here over "
+                   f"{len(e.support)} evaluations ({e.method})")
+            why = {"retired": f"contradicted here: {now}", "confirmed": f"confirmed here: {now}",
+                   "pending": f"no longer confirmed here: {now}"}[status]
+            verdict = {"status": status, "why": why, "effect": r, "ci_low": lo, "ci_high": hi,
+                       "evaluations": len(e.support), "pairs": e.pairs, "method": e.method, "run_id": run_id}
+            data = {**d, "local": {**(d.get("local") or {}), where: verdict}}
+            self.store.add_lesson(row.problem, AGENT, row.text, data, run_id, hardware_id=row.hardware_id)
+            lessons[key] = dataclasses.replace(row, data=data)
+            out.append({"key": key, "problem": row.problem, "status": row.status, "here": where,
+                        "local": status, "text": row.text, "why": why})
+        return out
 
     def _analyse(self, name, problem, spec, hw_id, hw, rows: list[KnobEvidence], current: dict[str, Lesson],
                  run_id) -> list[dict]:
@@ -400,7 +541,7 @@ class Analyst:
                             claims.append((knob, a, b, subset, part))
 
         def features(knob, scope):
-            scope_shapes = shapes if scope is None else [by_key[s] for s in scope if s in by_key]
+            scope_shapes = None if scope is None else [by_key[s] for s in scope if s in by_key]
             return _features(problem, name, knob, scope_shapes, shapes)
 
         out = []
@@ -419,7 +560,8 @@ class Analyst:
             if e.favours() == 1:
                 if len(e.support) >= REFRESH_GROWTH * d.get("evaluations", len(e.support)):
                     out.append(self._write(name, hw_id, hw, spec, knob, better, worse, scope, e, True,
-                                           features(knob, scope), "active", "re-checked: still holds", run_id, comparisons))
+                                           features(knob, scope), "active", "re-checked: still holds", run_id,
+                                           comparisons, d.get("local")))
                 continue
             now = f"{knob}={better} vs {knob}={worse} is now {r:.2f}x [{lo:.2f}, {hi:.2f}] over {len(e.support)} evaluations"
             why = (f"contradicted: {now}" if e.favours() == -1 else f"no longer supported: {now}, the CI includes 1")
@@ -445,12 +587,12 @@ class Analyst:
             why = ("new" if prev is None else "re-established: the claim qualifies again" if prev.status != "active"
                    else "re-derived for the problem's current spec")
             out.append(self._write(name, hw_id, hw, spec, knob, a, b, scope, e, a_better, features(knob, scope),
-                                   "active", why, run_id, comparisons))
+                                   "active", why, run_id, comparisons, (prev.data or {}).get("local") if prev else None))
             derived.add(key)
         return out
 
     def _write(self, name, hw_id, hw, spec, knob, a, b, scope, e: Estimate, a_better: bool, features: dict,
-               status: str, why: str, run_id, comparisons: int) -> dict:
+               status: str, why: str, run_id, comparisons: int, local: dict | None = None) -> dict:
         better, worse = (a, b) if a_better else (b, a)
         effect = e.oriented(a_better)
         key = lesson_key(name, hw_id, knob, better, worse, scope)
@@ -461,5 +603,7 @@ class Analyst:
                 "comparisons": comparisons,
                 "method": e.method, "pairs": e.pairs, "evaluations": len(e.support), "support": e.support,
                 "scope": scope, "features": features, "hardware": hw, "spec": spec, "rule": RULE}
+        if local:
+            data["local"] = local   # its standing on other problems and machines (``_test_hypotheses``)
         self.store.add_lesson(name, AGENT, text, data, run_id, hardware_id=hw_id)
         return {"key": key, "problem": name, "status": status, "text": text, "why": why}

@@ -10,10 +10,15 @@ share (``agents.base.PRIOR_FLOOR``), so no value is ever ruled out.
 A lesson's weight is its relevance to this problem on this machine:
 
 * same problem, same machine: 1, times the share of the workload shapes its scope covers;
-* another machine: x ``OTHER_MACHINE`` (same instruction-set level) or
-  x ``OTHER_MACHINE * OTHER_ISA`` (a different one);
-* another problem: x ``OTHER_PROBLEM``, times the similarity of working-set sizes
+* from elsewhere it is a *hypothesis* here (``analyst.Analyst._test_hypotheses`` tests it against
+  this problem's evidence on this machine): 0 once local evidence contradicted it here; its
+  coverage alone once local evidence confirmed it here; until then its coverage
+  x ``hardware.similarity`` of the two machines (1 for the same machine; an AVX2 machine against an
+  AVX-512 one of the same model 0.5, another vendor near 0.1-0.2) x ``HYPOTHESIS`` for another
+  machine x ``OTHER_PROBLEM`` (``SAME_KERNEL`` for another problem of the same kernel: a model's
+  variant of a family problem, ``problems/derive.py``) times the similarity of working-set sizes for another problem
   (``exp(-|log10 bytes there - log10 bytes here|)``, 1 for the same size, 0.37 for 10x apart).
+  A lesson from another machine is so never applied at full weight before one local confirmation.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarmfactory.evidence.rows import Lesson
-from swarmfactory.knowledge.analyst import isa_label
+from swarmfactory.hardware import similarity
 
 SHARPNESS = 3.0
-OTHER_MACHINE = 0.5
-OTHER_ISA = 0.5
+HYPOTHESIS = 0.5    # a lesson from another machine, not yet confirmed here
 OTHER_PROBLEM = 0.3
+SAME_KERNEL = 0.6   # another problem of the same kernel (a model's variant of a family problem, other shapes)
 MIN_WEIGHT = 0.05   # below this a lesson is not worth a prompt line or a prior
 MAX_LINES = 8
 
@@ -61,6 +66,13 @@ def _problem_bytes(problem) -> float | None:
     return _mid_log_bytes([min(b), max(b)])
 
 
+def standing(lesson: Lesson, problem_name: str, hardware_id: str | None) -> str | None:
+    """A lesson's standing on ``problem_name`` on the machine ``hardware_id`` where it was not
+    learnt: ``retired``, ``confirmed``, ``pending`` or None (untested there)."""
+    here = ((lesson.data or {}).get("local") or {}).get(f"{problem_name}@{hardware_id}") or {}
+    return here.get("status")
+
+
 def relevance(lesson: Lesson, problem, hardware: dict) -> float:
     """How much an (active) lesson says about ``problem`` on the machine ``hardware``; 0: nothing."""
     d = lesson.data or {}
@@ -70,12 +82,21 @@ def relevance(lesson: Lesson, problem, hardware: dict) -> float:
         return 0.0
     feats = d.get("features") or {}
     w = float(feats.get("coverage", 1.0))
-    if lesson.hardware_id != hardware.get("id"):
-        same_isa = (d.get("hardware") or {}).get("isa") == isa_label(hardware.get("features") or ())
-        w *= OTHER_MACHINE * (1.0 if same_isa else OTHER_ISA)
+    here = hardware.get("id")
+    if lesson.problem == problem.name and lesson.hardware_id == here:
+        return w
+    status = standing(lesson, problem.name, here)
+    if status == "retired":
+        return 0.0
+    if status == "confirmed":
+        return w
+    if lesson.hardware_id != here:
+        w *= similarity(d.get("hardware"), hardware) * HYPOTHESIS
     if lesson.problem != problem.name:
-        there, here = _mid_log_bytes(feats.get("bytes")), _problem_bytes(problem)
-        w *= OTHER_PROBLEM * (math.exp(-abs(there - here)) if there is not None and here is not None else 0.5)
+        there, mine = _mid_log_bytes(feats.get("bytes")), _problem_bytes(problem)
+        kernel = feats.get("kernel") or lesson.problem.split(".")[0]
+        w *= (SAME_KERNEL if kernel == problem.entry else OTHER_PROBLEM) * \
+            (math.exp(-abs(there - mine)) if there is not None and mine is not None else 0.5)
     return w
 
 

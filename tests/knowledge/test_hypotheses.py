@@ -1,0 +1,347 @@
+"""Knowledge that survives a new machine: machines are described by their microarchitecture and
+compared by it; a lesson from another machine or problem is a hypothesis here, retired here by
+the first local evidence that contradicts it and applied at full weight only once local evidence
+confirms it; a short run writes the lessons its evidence supports; the transfer replay carries
+per-shape timings; a transferred source that hurts is dropped. Real SQLite stores and the real
+analyst; verdicts are planted through the store's API (``tests/agents/test_lessons.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import json
+import random
+import sys
+import zlib
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from swarmfactory.agents.base import Board, Entry
+from swarmfactory.agents.model_guided import ModelGuidedAgent
+from swarmfactory.evidence.store import Store
+from swarmfactory.hardware import machine_profile, memory_bandwidth, microarchitecture, similarity
+from swarmfactory.knowledge.analyst import Analyst
+from swarmfactory.knowledge.costmodel import hardware_features, make_row, relative_targets
+from swarmfactory.knowledge.priors import HYPOTHESIS, knowledge_for, relevance
+from swarmfactory.problems import load_problem
+from swarmfactory.swarm.executors import Executor
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "agents"))
+from test_lessons import BASE, plant, plant_threads, verdict_for  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ZEN4 = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
+INTEL = {"id": "intel-spr", "model": "Intel(R) Xeon(R) Platinum 8480+", "vendor": "Intel", "family": 6,
+         "cpu_model": 143, "features": sorted(ZEN4 | {"avx_vnni", "amx_tile"}), "cpus": 2,
+         "caches": {"l1d": 48, "l2": 2048, "l3": 107520}, "bandwidth_gbs": 20.0}
+GENOA = {"id": "amd-zen4", "model": "AMD EPYC", "vendor": "AMD", "family": 25, "cpu_model": 17,
+         "features": sorted(ZEN4), "cpus": 2, "caches": {"l1d": 32, "l2": 1024, "l3": 32768}, "bandwidth_gbs": 34.0}
+MILAN = {**GENOA, "id": "amd-zen3", "cpu_model": 1, "features": sorted(ZEN4 - {f for f in ZEN4 if "512" in f}),
+         "caches": {"l1d": 32, "l2": 512, "l3": 32768}}
+
+
+@pytest.fixture(scope="module")
+def rmsnorm():
+    return load_problem("rmsnorm")
+
+
+def _lesson(store, problem, knob, hardware_id=None):
+    (row,) = [r for r in store.current_lessons(problem, include_retired=True) if r.data["knob"] == knob
+              and r.data["scope"] is None and (hardware_id is None or r.hardware_id == hardware_id)]
+    return row
+
+
+# -- machines --------------------------------------------------------------------------------------------
+def test_machines_are_compared_by_microarchitecture_not_by_a_label():
+    # both carry "avx512"; another vendor, caches and bandwidth make them far apart
+    assert similarity(GENOA, INTEL) < 0.2
+    # same vendor and family, another model without AVX-512: closer, still far from the same machine
+    assert 0.2 < similarity(GENOA, MILAN) < 0.5
+    assert similarity(GENOA, MILAN) > similarity(GENOA, INTEL)
+    # the same machine masked to AVX2: half its SIMD features
+    masked = {**GENOA, "id": "masked", "mask": "avx2", "features": MILAN["features"]}
+    assert similarity(GENOA, masked) == pytest.approx(0.5)
+    assert similarity(GENOA, dict(GENOA)) == 1.0 and similarity(GENOA, {**GENOA, "id": "twin"}) == 1.0
+    # what one side does not describe is not compared; symmetric
+    assert similarity({"id": "a", "features": sorted(ZEN4)}, {"id": "b", "features": sorted(ZEN4)}) == 1.0
+    assert similarity(GENOA, INTEL) == pytest.approx(similarity(INTEL, GENOA))
+    assert hardware_features(INTEL)["vendor=Intel"] == 1.0 and "log_bandwidth" in hardware_features(INTEL)
+
+
+def test_the_microarchitecture_and_bandwidth_are_read_and_measured_once(tmp_path, monkeypatch):
+    info = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "143", "stepping": "8",
+            "model name": "Intel(R) Xeon(R) Platinum 8480+"}
+    assert microarchitecture(info) == {"vendor": "Intel", "family": 6, "cpu_model": 143, "stepping": 8}
+    assert microarchitecture({}) == {}
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path))
+    first = memory_bandwidth()
+    assert first and first > 0.1
+    (path,) = (tmp_path / "machine").glob("*.json")
+    path.write_text(json.dumps({"bandwidth_gbs": 12.5}))      # kept: a later call reads it back
+    assert memory_bandwidth() == 12.5 and machine_profile()["bandwidth_gbs"] == 12.5
+    assert memory_bandwidth(refresh=True) != 12.5
+    path.write_text("not json")                                   # a damaged file: measured again
+    assert memory_bandwidth() > 0.1
+
+
+# -- hypotheses ------------------------------------------------------------------------------------------
+def _learnt_on(store, hardware, problem, **plant_kw):
+    """Evidence and lessons of ``problem`` as a run on ``hardware`` left them in ``store``."""
+    here = store.hardware
+    store.hardware = hardware
+    try:
+        plant_threads(store, problem, **plant_kw)
+        Analyst(store).update([problem.name], f"run-{hardware['id']}", [hardware["id"]])
+    finally:
+        store.hardware = here
+
+
+def test_a_lesson_from_another_machine_is_retired_here_by_the_first_contradiction_and_stays_there(tmp_path, rmsnorm):
+    store = Store(str(tmp_path / "e.db"))
+    here = store.hardware
+    _learnt_on(store, INTEL, rmsnorm, pairs=6, none_over_omp=1.4)
+    lesson = _lesson(store, "rmsnorm", "threads")
+    assert lesson.hardware_id == INTEL["id"] and lesson.data["hardware"]["vendor"] == "Intel"
+    # a hypothesis here: weighed by how alike the machines are, and never at full weight
+    w = relevance(lesson, rmsnorm, here)
+    assert w == pytest.approx(similarity(lesson.data["hardware"], here) * HYPOTHESIS) and 0 < w < HYPOTHESIS
+    priors = knowledge_for(rmsnorm, store.current_lessons(), here).priors["threads"]
+    assert priors["none"] > priors["omp"]
+    # the first local evidence: two matched pairs where omp is 1.3x faster here
+    plant_threads(store, rmsnorm, pairs=2, none_over_omp=1 / 1.3, seed=5)
+    written = Analyst(store).update(["rmsnorm"], "run-here", [here["id"]])
+    assert [(x["key"], x["local"]) for x in written if "local" in x] == [(lesson.key, "retired")]
+    now = _lesson(store, "rmsnorm", "threads", INTEL["id"])
+    standing = now.data["local"][f"rmsnorm@{here['id']}"]
+    assert standing["status"] == "retired" and standing["why"].startswith("contradicted here: threads=none vs")
+    assert standing["effect"] < 1 and standing["method"] == "matched" and standing["run_id"] == "run-here"
+    assert now.status == "active" and now.text == lesson.text          # where it was learnt it stands
+    assert relevance(now, rmsnorm, here) == 0.0
+    assert "threads" not in knowledge_for(rmsnorm, store.current_lessons(), here).priors
+    assert relevance(now, rmsnorm, INTEL) == 1.0
+    # not applied again here, whatever later evidence says (this machine's own lessons speak for it)
+    plant_threads(store, rmsnorm, pairs=6, none_over_omp=1.4, skip=2, seed=6)
+    Analyst(store).update(["rmsnorm"], "run-here-2", [here["id"]])
+    assert _lesson(store, "rmsnorm", "threads", INTEL["id"]).data["local"][f"rmsnorm@{here['id']}"]["status"] == "retired"
+    # its own machine's re-check (support grown by half: re-recorded) keeps its standing here
+    _learnt_on(store, INTEL, rmsnorm, pairs=6, none_over_omp=1.4, skip=8, seed=7)
+    again = _lesson(store, "rmsnorm", "threads", INTEL["id"])
+    assert again.data["why"] == "re-checked: still holds" and again.id != now.id
+    assert again.data["local"][f"rmsnorm@{here['id']}"]["status"] == "retired"
+
+
+def test_a_lesson_from_another_machine_counts_in_full_only_once_confirmed_here(tmp_path, rmsnorm):
+    store = Store(str(tmp_path / "e.db"))
+    here = store.hardware
+    _learnt_on(store, MILAN, rmsnorm, pairs=6, none_over_omp=1.4)
+    lesson = _lesson(store, "rmsnorm", "threads")
+    before = relevance(lesson, rmsnorm, here)
+    plant_threads(store, rmsnorm, pairs=1, none_over_omp=1.4, seed=8)      # one pair: too little to test it
+    assert not [x for x in Analyst(store).update(["rmsnorm"], "r1", [here["id"]]) if "local" in x]
+    assert relevance(_lesson(store, "rmsnorm", "threads", MILAN["id"]), rmsnorm, here) == before < HYPOTHESIS
+    plant_threads(store, rmsnorm, pairs=3, none_over_omp=1.4, skip=1, seed=9)
+    written = Analyst(store).update(["rmsnorm"], "r2", [here["id"]])
+    assert [x["local"] for x in written if "local" in x] == ["confirmed"]
+    now = _lesson(store, "rmsnorm", "threads", MILAN["id"])
+    standing = now.data["local"][f"rmsnorm@{here['id']}"]
+    assert standing["ci_low"] > 1 and standing["why"].startswith("confirmed here")
+    assert relevance(now, rmsnorm, here) == 1.0 > before
+
+
+def test_a_lesson_of_another_problem_is_retired_for_the_problem_that_contradicts_it_only(tmp_path, rmsnorm):
+    store = Store(str(tmp_path / "e.db"))
+    for acc, unroll in itertools.product((1, 2), (1, 2)):            # on rmsnorm vw=8 is 2x vw=1
+        for vw, s in ((8, 2.0), (1, 1.0)):
+            plant(store, rmsnorm, {**BASE, "acc": acc, "unroll": unroll, "vw": vw}, s * (1 + 0.01 * acc))
+    Analyst(store).update(["rmsnorm"])
+    lesson = _lesson(store, "rmsnorm", "vw")
+    softmax, layernorm = load_problem("softmax"), load_problem("layernorm")
+    assert relevance(lesson, softmax, store.hardware) > 0 and relevance(lesson, layernorm, store.hardware) > 0
+    for algo in ("two_pass", "online"):                                 # on softmax vw=1 wins
+        for vw, s in ((8, 1.0), (1, 1.5)):
+            plant(store, softmax, {**softmax.knob_defaults, "algo": algo, "vw": vw}, s)
+    Analyst(store).update(["softmax"])
+    now = _lesson(store, "rmsnorm", "vw")
+    assert now.data["local"][f"softmax@{store.hardware['id']}"]["status"] == "retired"
+    assert relevance(now, softmax, store.hardware) == 0.0
+    assert relevance(now, layernorm, store.hardware) == relevance(lesson, layernorm, store.hardware) > 0
+    assert relevance(now, rmsnorm, store.hardware) == 1.0
+
+
+# -- a short run writes lessons ----------------------------------------------------------------------------
+def _quick(name):
+    """A problem whose template renders in microseconds (the choice is under test, not the kernel)."""
+    p = load_problem(name)
+    return dataclasses.replace(p, template=" ".join(f"{{{{ {k} }}}}" for k in p.knobs) + f" {name}")
+
+
+class PlantedExecutor(Executor):
+    """Verdicts from a planted speed model of each configuration, with fixed lognormal noise per
+    configuration (a measurement error that does not average away by asking again)."""
+
+    def __init__(self, problems, speed, sigma: float, seed: int):
+        self.speed, self.sigma, self.seed, self.by = speed, sigma, seed, {}
+        for p in problems:
+            for combo in itertools.product(*p.knobs.values()):
+                knobs = dict(zip(p.knobs, combo))
+                if p.valid_knobs(knobs):
+                    self.by[(p.name, p.render(knobs))] = knobs
+
+    def submit(self, problem, source, cases):
+        knobs = self.by[(problem.name, source)]
+        rng = random.Random(zlib.crc32(f"{self.seed}|{problem.name}|{sorted(knobs.items())}".encode()))
+        fut: Future = Future()
+        fut.set_result(verdict_for(problem, self.speed(knobs) * 2 ** rng.gauss(0, self.sigma)))
+        return fut
+
+    def shutdown(self, wait=True):
+        pass
+
+
+def _short_run(tmp_path, monkeypatch, speed, sigma, seed):
+    from swarmfactory.config import RunConfig
+    from swarmfactory.swarm import coordinator as C
+
+    problems = [_quick("rmsnorm"), _quick("layernorm")]
+    monkeypatch.setattr(C, "resolve_problems", lambda spec: problems)
+    store = Store(str(tmp_path / f"run-{seed}.db"))
+    cfg = RunConfig.build(problems="rmsnorm,layernorm", budget=50, parallel=1, rounds=3, compile_baselines=False,
+                          remeasure_champions=False, seed=seed)
+    C.Coordinator(cfg, store, executor=PlantedExecutor(problems, speed, sigma, seed)).run()
+    evaluated = {p.name: len(store.knob_evidence(p.name)) for p in problems}
+    assert sum(evaluated.values()) <= 50 and min(evaluated.values()) >= 15
+    return store
+
+
+def test_a_50_evaluation_run_on_two_problems_writes_the_lessons_its_evidence_supports(tmp_path, monkeypatch):
+    planted = lambda k: (2.0 if k["threads"] == "none" else 1.25) * (1 + k["vw"] / 16)
+    claims = set()
+    for seed in range(3):
+        store = _short_run(tmp_path, monkeypatch, planted, sigma=0.15, seed=seed)
+        lessons = store.current_lessons()
+        assert {r.problem for r in lessons} == {"rmsnorm", "layernorm"}, seed
+        for r in lessons:
+            d = r.data
+            # every lesson is a planted effect, the right way round, with an interval that excludes 1
+            assert d["knob"] in ("threads", "vw"), r.text
+            better, worse = (d["better"], d["worse"])
+            truth = 1.6 if d["knob"] == "threads" else (1 + better / 16) / (1 + worse / 16)
+            assert (better == "none" if d["knob"] == "threads" else better > worse), r.text
+            assert 1 < d["ci_low"] <= d["effect"] <= d["ci_high"]
+            assert d["ci_low"] / 1.1 < truth < d["ci_high"] * 1.1, r.text   # near the truth (a 95% CI misses 1 in 20)
+            assert d["method"] in ("matched", "adjusted", "unmatched") and d["evaluations"] <= 25
+            claims.add((r.problem, d["knob"]))
+    assert ("rmsnorm", "threads") in claims and ("layernorm", "threads") in claims
+
+
+def test_a_short_run_on_noise_alone_writes_no_lesson(tmp_path, monkeypatch):
+    for seed in range(3):
+        store = _short_run(tmp_path, monkeypatch, lambda k: 1.5, sigma=0.3, seed=seed)
+        assert store.current_lessons(include_retired=True) == [], seed
+
+
+# -- the replay and the cost model's sources ---------------------------------------------------------------
+def _transfer_module():
+    spec = importlib.util.spec_from_file_location("transfer_bench", ROOT / "benchmarks" / "transfer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_replay_carries_per_shape_timings_and_replayed_lessons_count(tmp_path):
+    bench = _transfer_module()
+    data = bench.load_data(bench.DATA)
+    for name in ("layernorm", "add_rmsnorm", "geglu", "q8_0_matmul"):
+        rows = data["native"][name]
+        measured = [r for r in rows if r["outcome"] in ("faster", "not_faster")]
+        assert measured and all(r.get("shapes") for r in measured), name
+        v = bench._verdict(measured[0])
+        assert [t.speedup for t in v.shapes] == [s["speedup"] for s in measured[0]["shapes"]]
+        assert {json.dumps(t.shape, sort_keys=True) for t in v.shapes} == \
+            {json.dumps(dict(s), sort_keys=True) for s in load_problem(name).workload}
+    # lessons drawn from replayed evidence carry weight in the priors (they carried none without shapes)
+    store = Store(str(tmp_path / "replay.db"))
+    store.hardware = data["native_hw"]
+    bench._record(store, data["native"]["add_rmsnorm"], data["native_hw"], lessons=True)
+    lessons = store.current_lessons("add_rmsnorm")
+    assert lessons
+    layernorm = load_problem("layernorm")
+    assert all(r.data["features"]["coverage"] == 1.0 for r in lessons if r.data["scope"] is None)
+    assert any(relevance(r, layernorm, data["native_hw"]) > 0 for r in lessons)
+
+
+def test_the_goals_are_set_from_the_confirmed_best_and_the_baselines_order_the_space():
+    bench = _transfer_module()
+    data = bench.load_data(bench.DATA)
+    problem = load_problem("layernorm")
+    goals, info = bench.goals_for("layernorm", data)
+    assert len(goals["top 5"]) == 5 and goals["95%"] <= goals["85%"] and goals["95%"]
+    assert info["best"] <= info["best_sweep"] * 1.5
+    keys = {bench._key(r["knobs"]) for r in data["native"]["layernorm"]}
+    for cond in bench.BASELINES:
+        order = bench.baseline_order(problem, cond, 0, data)
+        assert sorted(order) == sorted(keys), cond               # every configuration once
+    assert bench.baseline_order(problem, "default-first", 3, data)[0] == bench._key(problem.knob_defaults)
+    assert bench.nearest_problem("layernorm", data) in ("rmsnorm", "add_rmsnorm")
+    copy = bench.baseline_order(problem, "copy: other CPU", 0, data)
+    other = {bench._key(r["knobs"]): r["speedup"] for r in data["other"]["layernorm"] if r.get("speedup")}
+    assert other[copy[0]] == max(other.values())
+
+
+def test_a_transferred_source_that_hurts_is_dropped_and_one_that_helps_kept():
+    problem = _quick("rmsnorm")
+    layernorm = load_problem("layernorm")
+    here = {**GENOA}
+    speed = lambda k: 1 + k["vw"] / 4 + (0.5 if k["threads"] == "none" else 0)
+    space = [dict(zip(problem.knobs, c)) for c in itertools.product(*problem.knobs.values())]
+    rng = random.Random(0)
+    helps = [make_row(layernorm, here, {**{n: k[n] for n in layernorm.knobs if n in k}, "algo": "two_pass"},
+                      "faster", speed(k)) for k in rng.sample(space, 40)]
+    hurts = [make_row(problem, INTEL, k, "faster", 1 / speed(k)) for k in rng.sample(space, 40)]
+    transfer = relative_targets(helps + hurts)
+    own = [Entry(f"c{i}", k, "faster", speed(k), "x", 0) for i, k in enumerate(rng.sample(space, 6))]
+    agent = ModelGuidedAgent()
+    early = Board(problem, own[:3], None, [], random.Random(0), transfer=transfer, hardware=here)
+    assert len(agent.transferred(early)) == 80 and agent.leads(early)   # nothing to check them with yet
+    board = Board(problem, own, None, [], random.Random(0), transfer=transfer, hardware=here)
+    kept = agent.transferred(board)
+    assert {r.hardware_id for r in kept} == {here["id"]} and len(kept) == 40
+    assert agent.transfer_holds(board)
+    props = agent.propose(board, 2)
+    assert props and all(p.knobs["vw"] >= 8 for p in props)
+
+
+def test_swarmfactory_lessons_shows_where_a_lesson_was_retired_as_a_hypothesis(tmp_path, rmsnorm):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+    from cli_support import sf
+
+    db = tmp_path / "e.db"
+    store = Store(str(db))
+    _learnt_on(store, INTEL, rmsnorm, pairs=6, none_over_omp=1.4)
+    plant_threads(store, rmsnorm, pairs=2, none_over_omp=1 / 1.3, seed=5)
+    Analyst(store).update(["rmsnorm"], "run-here", [store.hardware["id"]])
+    store.close()
+    proc = sf("lessons", "--store", db, env={"COLUMNS": "100"})
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "rmsnorm on Intel Xeon Platinum 8480+ avx512: 1 active" in text
+    assert "threads=none > omp on rmsnorm, this machine: retired: contradicted here: threads=none vs" in text
+    data = json.loads(sf("lessons", "--json", "--store", db).stdout)
+    (lesson,) = [r for r in data["lessons"] if r["knob"] == "threads" and r["scope"] is None]
+    assert lesson["local"][f"rmsnorm@{store.hardware['id']}"]["status"] == "retired"
+
+
+def test_a_lesson_of_a_family_problem_counts_more_for_a_models_variant_than_for_another_kernel(tmp_path, rmsnorm):
+    store = Store(str(tmp_path / "e.db"))
+    plant_threads(store, rmsnorm, pairs=6, none_over_omp=1.4)
+    Analyst(store).update(["rmsnorm"])
+    lesson = _lesson(store, "rmsnorm", "threads")
+    assert lesson.data["features"]["kernel"] == "rmsnorm"
+    variant = dataclasses.replace(rmsnorm, name="rmsnorm.some-model", symbol="rmsnorm")
+    layernorm = load_problem("layernorm")                  # another kernel with the same threads knob
+    hw = store.hardware
+    assert relevance(lesson, rmsnorm, hw) == 1.0
+    assert relevance(lesson, layernorm, hw) < relevance(lesson, variant, hw) < 1.0
