@@ -12,12 +12,13 @@ A lesson's weight is its relevance to this problem on this machine:
 * same problem, same machine: 1, times the share of the workload shapes its scope covers;
 * from elsewhere it is a *hypothesis* here (``analyst.Analyst._test_hypotheses`` tests it against
   this problem's evidence on this machine): 0 once local evidence contradicted it here; its
-  coverage alone once local evidence confirmed it here; until then its coverage
-  x ``hardware.similarity`` of the two machines (1 for the same machine; an AVX2 machine against an
-  AVX-512 one of the same model 0.5, another vendor near 0.1-0.2) x ``HYPOTHESIS`` for another
-  machine x ``OTHER_PROBLEM`` (``SAME_KERNEL`` for another problem of the same kernel: a model's
-  variant of a family problem, ``problems/derive.py``) times the similarity of working-set sizes for another problem
-  (``exp(-|log10 bytes there - log10 bytes here|)``, 1 for the same size, 0.37 for 10x apart).
+  coverage alone once local evidence confirmed it here; until then its coverage times
+  - for another machine, ``hardware.similarity`` of the two machines x ``HYPOTHESIS`` (an AVX2
+    machine against an AVX-512 one of the same model: 0.5 x 0.5; another vendor: about 0.1 x 0.5);
+  - for another problem, ``OTHER_PROBLEM`` (``SAME_KERNEL`` for another problem of the same
+    kernel: a model's variant of a family problem, ``problems/derive.py``) x the similarity of
+    working-set sizes (``exp(-|log10 bytes there - log10 bytes here|)``: 1 for the same size, 0.37
+    for 10x apart).
   A lesson from another machine is so never applied at full weight before one local confirmation.
 """
 
