@@ -16,6 +16,7 @@ import math
 import os
 import platform
 from functools import cache
+from pathlib import Path
 
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
               "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "neon", "asimd", "sve")
@@ -156,6 +157,15 @@ def microarchitecture(info: dict[str, str] | None = None) -> dict:
     return out
 
 
+def cache_dir() -> Path:
+    """This machine's cache directory: ``SWARMFACTORY_CACHE``, else ``$XDG_CACHE_HOME/swarmfactory``
+    (``~/.cache/swarmfactory``). Builds, calibrations, journals and the machine's measured figures
+    live under it."""
+    root = os.environ.get("SWARMFACTORY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swarmfactory")
+    return Path(root)
+
+
 BANDWIDTH_BYTES = 64 << 20   # each of the two buffers of the bandwidth probe
 
 
@@ -166,9 +176,7 @@ def memory_bandwidth(refresh: bool = False) -> float | None:
     now lowers some copies, rarely all five."""
     import json
 
-    from swarmfactory.evidence.journal import cache_root
-
-    path = cache_root() / "machine" / f"{cpu_fingerprint()['id']}.json"
+    path = cache_dir() / "machine" / f"{cpu_fingerprint()['id']}.json"
     if not refresh:
         try:
             return float(json.loads(path.read_text())["bandwidth_gbs"])

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from swarmfactory.hardware import cpu_fingerprint
+from swarmfactory.hardware import cache_dir, cpu_fingerprint
 
 from . import model_file
 from .config import DEFAULT_DENSE_ABOVE, DEFAULT_NATIVE_DECODE, OPS
@@ -65,9 +65,7 @@ class Calibration:
 
 
 def cache_root() -> Path:
-    root = os.environ.get("SWARMFACTORY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swarmfactory")
-    return Path(root) / "calibration"
+    return cache_dir() / "calibration"
 
 
 def cache_key(model_path: Path, threads: int, native_isa: str | None) -> dict:

@@ -30,6 +30,7 @@ from sqlalchemy import and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from swarmfactory.evidence import schema as S
+from swarmfactory.hardware import cache_dir
 from swarmfactory.redact import redact
 
 SUFFIX = ".pending.jsonl"
@@ -37,9 +38,7 @@ _MARK = "replayed:"
 
 
 def cache_root() -> Path:
-    root = os.environ.get("SWARMFACTORY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swarmfactory")
-    return Path(root)
+    return cache_dir()
 
 
 class Journal:
