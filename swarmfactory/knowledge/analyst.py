@@ -436,13 +436,15 @@ class Analyst:
                 spec = problem.spec_hash() if problem is not None else \
                     next(r.problem_spec for r in reversed(rows) if r.hardware_id == hw_id)
                 mine = {k: r for k, r in everything.items() if r.problem == name and r.hardware_id == hw_id}
-                written += self._analyse(name, problem, spec, hw_id, hardware_info(hw), rows, mine, run_id)
+                measured = configurations(rows, spec, hw_id)   # read once for both passes below
+                written += self._analyse(name, problem, spec, hw_id, hardware_info(hw), measured, mine, run_id)
                 everything.update(mine)
                 if problem is not None:
-                    written += self._test_hypotheses(name, problem, spec, hw_id, rows, everything, run_id)
+                    written += self._test_hypotheses(name, problem, hw_id, measured, everything, run_id)
         return written
 
-    def _test_hypotheses(self, name, problem, spec, hw_id, rows: list[KnobEvidence], lessons: dict[str, Lesson],
+    def _test_hypotheses(self, name, problem, hw_id, measured: tuple[dict[str, Config], list[dict]],
+                         lessons: dict[str, Lesson],
                          run_id) -> list[dict]:
         """Test every active lesson from elsewhere (another machine, another problem) that applies to
         ``name`` against ``name``'s own evidence on ``hw_id``. A lesson from elsewhere is a
@@ -452,7 +454,7 @@ class Analyst:
         learnt; local evidence whose plain 95% CI excludes 1 in its favour confirms it here. Its
         standing here is ``data["local"]["PROBLEM@MACHINE"]``, written as a new row of the lesson
         (its status where it was learnt unchanged), and ``priors.relevance`` reads it."""
-        configs, shapes = configurations(rows, spec, hw_id)
+        configs, shapes = measured
         if len(configs) < 2:
             return []
         here_shapes = {shape_key(s) for s in shapes}
@@ -491,9 +493,10 @@ class Analyst:
                         "local": status, "text": row.text, "why": why})
         return out
 
-    def _analyse(self, name, problem, spec, hw_id, hw, rows: list[KnobEvidence], current: dict[str, Lesson],
+    def _analyse(self, name, problem, spec, hw_id, hw, measured: tuple[dict[str, Config], list[dict]],
+                 current: dict[str, Lesson],
                  run_id) -> list[dict]:
-        configs, shapes = configurations(rows, spec, hw_id)
+        configs, shapes = measured
         if len(configs) < 2:
             return []
         if problem is not None and problem.knobs:
