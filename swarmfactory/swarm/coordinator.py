@@ -263,6 +263,9 @@ class Coordinator(Factory):
             stopped = self._all_stopped()
             if stopped:  # nobody left to propose: the run cannot do what it was asked (resumable)
                 raise RunError("every agent stopped: " + "; ".join(stopped))
+            for st in states.values():  # what the run retained since the adversary's last turn faces it
+                if st.since_adversary:  # before the run ends, crowned or not (a busy machine crowns nothing)
+                    self._adversary_turn(st)
             if cfg.remeasure_champions:
                 self._remeasure(states)
             self._learn(states.values())
