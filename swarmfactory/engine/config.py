@@ -45,6 +45,20 @@ def native_family(problem: str) -> str | None:
     """The block-type matmul ``problem`` is (itself, or the family of FAMILY.MODEL), or None."""
     family = problem.partition(".")[0]
     return family if family in NATIVE_PROBLEMS else None
+
+
+# The engine's non-linear ops a kernel-factory kernel can run (engine/native_ops.py), and the
+# problems whose ABI each calls: the norms (the first layer's input norm, Gemma's sandwich norms,
+# the q/k head norms), the residual add fused with the norm after it, the gated activation (the
+# one the model's FFN uses).
+ELEMENT_OPS: dict[str, tuple[str, ...]] = {"norm": ("rmsnorm",), "add_norm": ("add_rmsnorm",),
+                                           "act": ("swiglu", "geglu")}
+
+
+def element_family(op: str, problem: str) -> str | None:
+    """The problem family of ``problem`` (itself, or of FAMILY.MODEL) if it can run ``op``."""
+    family = problem.partition(".")[0]
+    return family if family in ELEMENT_OPS.get(op, ()) else None
 # The kernel factory's problem whose kernels run inside the native decoder (native_matvec).
 NATIVE_MATVEC_PROBLEM = "q4_1_packed_matvec"
 
@@ -112,7 +126,10 @@ class EngineConfig(BaseModel):
       model, ``champion:q4_k_matmul.MODEL``, too); ``champion:PROBLEM@ID`` pins candidate ``ID``
       (it must have passed the harness on this hardware), which is how an engine design names the
       champion it was verified with. A library runs the parts of the op's weight stored in its
-      block type; the op's other parts run the engine's default kernel.
+      block type; the op's other parts run the engine's default kernel. The non-linear ops
+      (``ELEMENT_OPS``: ``norm``, ``add_norm``, ``act``) take ``so:PATH`` or a champion of
+      ``rmsnorm``, ``add_rmsnorm``, ``swiglu``/``geglu`` (or one derived from them) the same way
+      (``engine/native_ops.py``).
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
       fp32 is much cheaper per call than in bf16, which dominates decode attention here. int8:
       each token's k and v of each kv head quantised to int8 with its own fp32 scale
@@ -159,9 +176,9 @@ class EngineConfig(BaseModel):
         (64, 128, 256, 512), "prompt tokens per engine step (chunked prefill: smaller chunks interleave long "
         "prompts with the decode of other sequences)", "blocking")] = Field(default=256, ge=16)
     kernels: Annotated[dict[str, str], Knob(
-        ("builtin", "champion"), "builtin = the engine's own kernels; champion = the Q4_1 ops run the kernel "
-        "factory's q4_1_matmul champion for this machine (native decoder off; offered only where a champion "
-        "exists)", "algorithm", presets=(("builtin", {}),))] = Field(default_factory=dict)
+        ("builtin", "champion"), "builtin = the engine's own kernels; champion = every op with a kernel-factory "
+        "champion for this machine runs it (the block-type matmuls of its weights, the norms, the activation; "
+        "native decoder off; offered only where a champion exists)", "algorithm", presets=(("builtin", {}),))] = Field(default_factory=dict)
     kv_dtype: Annotated[Literal["fp32", "bf16", "int8"], Knob(
         ("fp32", "bf16", "int8"), "KV cache dtype; bf16 halves its memory, int8 (a scale per head and token) "
         "quarters it, and the native decoder needs fp32", "algorithm")] = "fp32"
@@ -214,9 +231,10 @@ class EngineConfig(BaseModel):
     @field_validator("kernels", "dense_above")
     @classmethod
     def _known_ops(cls, v: dict | None, info) -> dict | None:
+        known = OPS + tuple(ELEMENT_OPS) if info.field_name == "kernels" else OPS
         for op, val in (v or {}).items():
-            if op not in OPS:
-                raise ValueError(f"unknown op {op!r} in {info.field_name} (known: {', '.join(OPS)})")
+            if op not in known:
+                raise ValueError(f"unknown op {op!r} in {info.field_name} (known: {', '.join(known)})")
             if info.field_name == "dense_above" and val < 0:
                 raise ValueError(f"dense_above[{op!r}] must be >= 0")
             if info.field_name == "kernels":
@@ -254,8 +272,25 @@ class EngineConfig(BaseModel):
 def _kernel_name_problem(op: str, name: str) -> str | None:
     """What is wrong with kernel name ``name`` for ``op`` as far as can be told without loading
     anything (a prefixed name's file or champion is looked up when the engine loads)."""
+    if not name:
+        return f"empty kernel name for op {op!r}"
+    if op in ELEMENT_OPS:
+        families = ", ".join(ELEMENT_OPS[op])
+        if not KernelRef.names_one(name):
+            return (f"{name!r} for op {op!r}: the {op} op runs the engine's own code or a kernel-factory kernel "
+                    f"(so:PATH or champion:PROBLEM) of {families}")
+        if len(kernelref.pieces(name)) > 1:
+            return f"{name!r} for op {op!r}: one kernel runs the {op} op (no '{kernelref.JOIN}')"
+        try:
+            ref = KernelRef.parse(name, f" for op {op!r}")
+        except ValueError as e:
+            return str(e)
+        if ref.kind == "champion" and element_family(op, ref.target) is None:
+            return (f"{name!r} for op {op!r}: only champions of {families} (or of a problem derived from them, "
+                    f"FAMILY.MODEL) run the {op} op (the engine calls that problem's C ABI)")
+        return None
     if ":" not in name:
-        return None if name else f"empty kernel name for op {op!r}"
+        return None
     for one in kernelref.pieces(name):
         try:
             ref = KernelRef.parse(one, f" for op {op!r}")

@@ -101,9 +101,12 @@ class Engine:
         from .native_seam import NativeLinear
 
         out: dict = {"native_kernels": {}, "native_matvec": None}
-        for op in ("qkv", "o", "gate_up", "down"):
-            k = getattr(self.model.layers[0], op).kernel if self.model.layers else None
-            if isinstance(k, NativeLinear):
+        layer = self.model.layers[0] if self.model.layers else None
+        linear = {op: getattr(layer, op).kernel for op in ("qkv", "o", "gate_up", "down") if layer is not None}
+        linear["lm_head"] = self.model.lm_head.kernel
+        # the non-linear ops' kernels (native_ops.py) report as the linear ops' do
+        for op, k in [*linear.items(), *self.model.ops.kernels.items()]:
+            if isinstance(k, NativeLinear) or op in self.model.ops.kernels:
                 st = k.audit_state
                 out["native_kernels"][op] = {"calls": st["calls"], "audited": st["audited"],
                                              "dropped": st["dropped"], "audit": k.check}

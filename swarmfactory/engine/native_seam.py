@@ -61,7 +61,7 @@ from gguf import GGMLQuantizationType as QT
 from swarmfactory import kernelref
 from swarmfactory.kernelref import KernelRef
 
-from .config import NATIVE_PROBLEMS, native_family
+from .config import ELEMENT_OPS, NATIVE_PROBLEMS, native_family
 from .kernels import KernelError, LinearKernel, Weight
 from .supply import KernelSupply, NoSupply, UnavailableKernel
 
@@ -150,7 +150,7 @@ class Library:
 
     def describe(self) -> dict:
         d = {"spec": self.spec, "path": self.path, "sha256": self.sha256[:16],
-             "types": sorted(q.name for q in self.fns)}
+             "types": sorted(getattr(q, "name", q) for q in self.fns)}
         if self.origin:
             d["origin"] = self.origin
         if self.candidate:
@@ -381,8 +381,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _load(path: Path, spec: str, sha: str, symbols: tuple[str, ...], **info) -> Library:
-    """The library at ``path`` with its kernel for each of ``symbols`` it exports (at least one)."""
+def _load(path: Path, spec: str, sha: str, symbols: tuple[str, ...], abi=None, **info) -> Library:
+    """The library at ``path`` with its kernel for each of ``symbols`` it exports (at least one).
+    ``abi``: symbol -> (the key its function is kept under, ctypes argtypes, C declaration); the
+    block-type matmuls' by default (keyed by block type)."""
+    abi = abi or {sym: (FAMILIES[sym], _ARGTYPES, signature(sym)) for sym in FAMILIES}
     if sha in _LOADED:
         cdll = _LOADED[sha]
     else:
@@ -395,15 +398,45 @@ def _load(path: Path, spec: str, sha: str, symbols: tuple[str, ...], **info) -> 
     for sym in symbols:
         fn = getattr(cdll, sym, None)
         if fn is not None:
-            fn.argtypes, fn.restype = _ARGTYPES, None
-            fns[FAMILIES[sym]] = fn
+            key, fn.argtypes, _ = abi[sym]
+            fn.restype = None
+            fns[key] = fn
     if not fns:
         if len(symbols) == 1:
-            raise KernelError(f"{spec}: {path} does not export `{symbols[0]}` (the engine calls "
-                              f"{signature(symbols[0])})")
+            raise KernelError(f"{spec}: {path} does not export `{symbols[0]}` (the engine calls {abi[symbols[0]][2]})")
+        if not set(symbols) <= set(FAMILIES):
+            calls = "; ".join(abi[s][2] for s in symbols)
+            raise KernelError(f"{spec}: {path} exports none of {', '.join(f'`{s}`' for s in symbols)} (the engine "
+                              f"calls one of: {calls})")
         raise KernelError(f"{spec}: {path} exports none of {', '.join(f'`{s}`' for s in symbols)} (the engine "
                           f"calls {signature('<type>_matmul')}, one function per GGUF block type)")
     return Library(spec, str(path), sha, fns=fns, **info)
+
+
+def cached_copy(p: Path) -> tuple[Path, str]:
+    """The shared object at ``p`` copied into the build cache under its content hash (what is
+    loaded, so rewriting ``p`` later never changes a running engine), and that hash."""
+    from swarmfactory.backends.c import cache_dir
+
+    sha = _sha256(p)
+    copy = cache_dir() / f"engine-so-{sha[:24]}.so"
+    if not copy.exists():
+        tmp = copy.with_suffix(f".tmp{os.getpid()}")
+        shutil.copyfile(p, tmp)
+        os.replace(tmp, copy)
+    return copy, sha
+
+
+def so_path(spec: str, path: str | os.PathLike) -> Path:
+    """The file a ``so:`` name gives; KernelError naming it if there is none."""
+    p = Path(path).expanduser()
+    try:
+        p.stat()
+    except OSError as e:
+        raise KernelError(f"{spec}: no such shared object ({e.strerror})") from None
+    if not p.is_file():
+        raise KernelError(f"{spec}: {p} is not a file")
+    return p
 
 
 def _class(lib: Library, check: bool, name: str | None = None, on_wrong=None) -> type[NativeLinear]:
@@ -432,24 +465,12 @@ def kernel_class(path: str | os.PathLike, *, name: str | None = None, check: boo
     same path is a new library. ``check=False`` skips the load-time check of every weight: only
     for tests that must show a broken kernel caught elsewhere; register the class under a name
     (``register_kernel``) and name that in a config."""
-    p = Path(path).expanduser()
     spec = f"so:{path}"
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise KernelError(f"{spec}: no such shared object ({e.strerror})") from None
-    if not p.is_file():
-        raise KernelError(f"{spec}: {p} is not a file")
+    p = so_path(spec, path)
+    st = p.stat()
     key = (str(p.resolve()), st.st_size, st.st_mtime_ns, check, name)
     if key not in _FILES:
-        from swarmfactory.backends.c import cache_dir
-
-        sha = _sha256(p)
-        copy = cache_dir() / f"engine-so-{sha[:24]}.so"
-        if not copy.exists():
-            tmp = copy.with_suffix(f".tmp{os.getpid()}")
-            shutil.copyfile(p, tmp)
-            os.replace(tmp, copy)
+        copy, sha = cached_copy(p)
         _FILES[key] = _class(_load(copy, spec, sha, tuple(FAMILIES), origin=str(p.resolve())), check, name)
     return _FILES[key]
 
@@ -503,7 +524,7 @@ def resolve_all(kernels: dict[str, str], supply: KernelSupply | None = None) -> 
     out: dict[str, type[NativeLinear]] = {}
     seen: dict[str, type[NativeLinear]] = {}
     for op, name in kernels.items():
-        if not KernelRef.names_one(name):
+        if not KernelRef.names_one(name) or op in ELEMENT_OPS:  # the non-linear ops: engine/native_ops.py
             continue
         if name not in seen:
             try:

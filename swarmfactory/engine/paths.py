@@ -23,6 +23,7 @@ from .kernels import Dense
 from .models import model_class
 from .models.decoder import Decoder
 from .native import NativeUnavailable, load_checked, matvec, unsupported
+from .native_ops import resolve_elements
 from .native_seam import check_used, describe, resolve_all
 from .supply import KernelSupply, NoSupply
 
@@ -102,7 +103,8 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     # Shared objects the config names (so:PATH, champion:PROBLEM): looked up afresh at each load,
     # before the model is built (each weight is then checked as its op is built).
     classes = resolve_all(cfg.kernels, supply)
-    paths.native_kernels = describe(classes)
+    elements = resolve_elements(cfg.kernels, supply)  # the norms and the activation (native_ops.py)
+    paths.native_kernels = describe({**classes, **elements})
     model_cls = model_class(gg.hparams.architecture)
     lib = None
     if cfg.native_applies():
@@ -123,7 +125,8 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     measure_now = need and cal is None and not cfg.kernels
     dense_above = _dense_above(cfg, cal, paths)
     # A calibration measures every op's dense copy; the final thresholds then drop the losers.
-    model = model_cls(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None, classes)
+    model = model_cls(gg, cfg, ({op: 0 for op in OPS} if measure_now else dense_above) if q4 else None,
+                      {**classes, **elements})
     ops = {op: [getattr(L, op) for L in model.layers] for op in ("qkv", "o", "gate_up", "down")}
     check_used({**ops, "lm_head": [model.lm_head]}, classes)
     paths.kernels = _kernels(model)
@@ -159,7 +162,8 @@ def _kernels(model: Decoder) -> dict[str, str]:
     """op -> the kernel its layers run (several, joined with "+", where types differ by layer)."""
     ops = {op: [getattr(L, op) for L in model.layers] for op in ("qkv", "o", "gate_up", "down")}
     ops["lm_head"] = [model.lm_head]
-    return {op: "+".join(sorted({type(lin.kernel).name for lin in lins})) for op, lins in ops.items()}
+    out = {op: "+".join(sorted({type(lin.kernel).name for lin in lins})) for op, lins in ops.items()}
+    return {**out, **{op: type(k).name for op, k in model.ops.kernels.items()}}
 
 
 def _torch_paths(cfg: EngineConfig) -> Paths:

@@ -116,21 +116,43 @@ def matmul_problems(model: str | None) -> dict[str, list[str]]:
             for family, qt in FAMILIES.items() if qt.name in types}
 
 
+def element_problems(model: str | None) -> dict[str, list[str]]:
+    """Non-linear op (``config.ELEMENT_OPS``) -> the kernel-factory problems whose champion may run
+    it in ``model``'s engine, best first: the problem derived from this model, then the family
+    (the activation the model's FFN uses: ``swiglu`` or ``geglu``)."""
+    from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
+    from swarmfactory.engine.models import model_class
+    from swarmfactory.engine.native_ops import ACTIVATIONS
+    from swarmfactory.problems.derive import registered, slug
+
+    path = resolve_model_path(model)
+    stem = slug(path.stem)
+    act = ACTIVATIONS.get(model_class(load_gguf(path).hparams.architecture).activation_name)
+    families = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", **({"act": act} if act else {})}
+    return {op: [p for p in (f"{f}.{stem}", f) if "." not in p or registered(p) is not None]
+            for op, f in families.items()}
+
+
 def champion_kernels(model: str | None, champions: dict[str, str]) -> dict[str, str]:
     """op -> the kernel-factory champions ``kernels=champion`` runs it on: for each block type its
     weights are stored in, the first of ``matmul_problems`` with a champion in ``champions``,
-    joined (``kernelref.JOIN``); ops with no such champion keep the engine's own kernels."""
+    joined (``kernelref.JOIN``); for each non-linear op, the first of ``element_problems`` with
+    one. Ops with no such champion keep the engine's own kernels."""
     by_type = {t: next((f"champion:{p}@{champions[p]}" for p in probs if champions.get(p)), None)
                for t, probs in matmul_problems(model).items()}
     out = {op: kernelref.JOIN.join(by_type[t] for t in types if by_type.get(t))
            for op, types in op_types(model).items()}
+    out.update({op: next((f"champion:{p}@{champions[p]}" for p in probs if champions.get(p)), "")
+                for op, probs in element_problems(model).items()})
     return {op: v for op, v in out.items() if v}
 
 
 def kernel_problems(model: str | None) -> list[str]:
     """The kernel-factory problems whose champions a design of ``model`` may pin: the block-type
-    matmuls of its weights' types (``matmul_problems``) and the native decoder's matvec."""
-    return [*(p for probs in matmul_problems(model).values() for p in probs), MATVEC_PROBLEM]
+    matmuls of its weights' types (``matmul_problems``), the problems of its non-linear ops
+    (``element_problems``) and the native decoder's matvec."""
+    return [*(p for probs in matmul_problems(model).values() for p in probs),
+            *(p for probs in element_problems(model).values() for p in probs), MATVEC_PROBLEM]
 
 
 def pins(cfg: EngineConfig) -> dict[str, str]:

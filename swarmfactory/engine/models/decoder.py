@@ -20,6 +20,10 @@ subclass in a module of its own (``models/ARCH.py``) that sets what differs:
 - ``block_step``: whether the native block step (``native/qstep.c``) computes it: true for any
   architecture that only sets the hooks above; one that overrides ``forward`` sets it False.
 
+The non-linear ops (the norms, the residual add with the norm after it, the gated activation) go
+through ``self.ops``: the engine's own code (``TorchOps``), or a kernel-factory kernel where the
+config names one (``native_ops.py``; ``classes`` holds it under its op key).
+
 q, k and v biases are added wherever the file has them. RMSNorm weights are used as stored: a
 norm written as ``x * (1 + w)`` (Gemma) is stored by llama.cpp's converter as ``w + 1``.
 Sliding-window layers keep a ring of ``window - 1 + prefill_chunk`` positions in the KV cache
@@ -35,6 +39,7 @@ from ..config import EngineConfig
 from ..gguf_loader import GGUFModel
 from ..kernels import Dense, Linear, Weight, build_linear
 from ..kv_cache import KVCache, ring_positions
+from ..native_ops import ACTIVATIONS, CHECK_ROWS, ElementOps
 from .rope import Rope
 from .step import PrefillChunk, StepInput
 
@@ -118,6 +123,18 @@ class Decoder:
         self.rope_tables = [r.tables(self.hd, n_pos, dt) for r in self.rope_sets(gg)]
         self.cos, self.sin_signed = self.rope_tables[0]
         self._zero = torch.zeros(1, 1, 1, dtype=self.att_dtype)  # baddbmm's ignored input (beta=0)
+        self.ops = self._element_ops(classes or {})
+
+    def _element_ops(self, classes: dict) -> ElementOps:
+        """The non-linear ops: a named kernel per op (checked here on this model's sizes), the
+        engine's own code for the others."""
+        hp, rows = self.hp, CHECK_ROWS
+        families = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", "act": ACTIVATIONS[self.activation_name]}
+        sizes = {"norm": [(r, hp.dim) for r in rows] + ([(r * self.n_heads, self.hd) for r in rows]
+                                                        if self.qk_norm else []),
+                 "add_norm": [(r, hp.dim) for r in rows], "act": [(r, hp.ffn_dim) for r in rows]}
+        return ElementOps(TorchOps(), {op: cls(families[op], sizes[op], self.eps)
+                                       for op, cls in classes.items() if op in families})
 
     # -- hooks (see the module docstring) ------------------------------------------------------
     def embed_scale(self) -> float | None:
@@ -284,17 +301,22 @@ class Decoder:
         nd = s.n_decode
         cast = self.att_dtype != self.dtype
         masks: dict = {}  # this step's sliding-window masks, built by the first layer needing each
+        ops = self.ops
         x = F.embedding(s.tokens, self.embed)
         if self.embed_mul is not None:
             x = x * self.embed_mul
+        pending = None  # the FFN output the next norm adds to the residual first (add_norm)
         for li, L in enumerate(self.layers):
-            h = rms_norm(x, L.attn_norm, eps)
+            if pending is None:
+                h = ops.norm(x, L.attn_norm, eps)
+            else:
+                x, h = ops.add_norm(x, pending, L.attn_norm, eps)
             qkv = L.qkv(h)
             if L.qkv_bias is not None:
                 qkv = qkv + L.qkv_bias
             qkv = qkv.view(n, heads, D)
             if L.qk_norm is not None:
-                qkv = torch.cat([head_rms_norm(qkv[:, : H + KV], eps) * L.qk_norm, qkv[:, H + KV :]], dim=1)
+                qkv = torch.cat([ops.head_norm(qkv[:, : H + KV], L.qk_norm, eps, H), qkv[:, H + KV :]], dim=1)
             cos, sin = tables[L.rope]
             rot = torch.cat([qkv[..., half:], qkv[..., :half]], dim=-1)  # cheaper than roll
             qkv = torch.addcmul(qkv * cos, rot, sin)
@@ -311,21 +333,42 @@ class Decoder:
                 attn = attn.to(self.dtype)
             a = L.o(attn)
             if L.post_attn_norm is not None:
-                a = rms_norm(a, L.post_attn_norm, eps)
-            x = x + a
-            h = rms_norm(x, L.ffn_norm, eps)
-            gu = L.gate_up(h)
-            f = gu.shape[-1] // 2
-            y = L.down(self.activation(gu[:, :f]) * gu[:, f:])
+                a = ops.norm(a, L.post_attn_norm, eps)
+            x, h = ops.add_norm(x, a, L.ffn_norm, eps)
+            y = L.down(ops.act(L.gate_up(h), self.activation))
             if L.post_ffn_norm is not None:
-                y = rms_norm(y, L.post_ffn_norm, eps)
-            x = x + y
+                y = ops.norm(y, L.post_ffn_norm, eps)
+            pending = y
         if s.logit_rows is not None:
             if s.logit_rows.numel() == 0:
                 return torch.empty(0, self.hp.vocab_size)
             x = x[s.logit_rows]
-        x = rms_norm(x, self.norm, eps)
+            pending = None if pending is None else pending[s.logit_rows]
+        x = ops.norm(x, self.norm, eps) if pending is None else ops.add_norm(x, pending, self.norm, eps)[1]
         return self.lm_head(x).float()
+
+
+class TorchOps:
+    """The engine's own code for the non-linear ops (``native_ops.ElementOps`` runs it where no
+    kernel is named, and where a named one was dropped)."""
+
+    @staticmethod
+    def norm(x: torch.Tensor, w2: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, w2, eps)
+
+    @staticmethod
+    def head_norm(x: torch.Tensor, w: torch.Tensor, eps: float, n_q: int) -> torch.Tensor:
+        return head_rms_norm(x, eps) * w
+
+    @staticmethod
+    def add_norm(x: torch.Tensor, r: torch.Tensor, w2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x + r
+        return h, rms_norm(h, w2, eps)
+
+    @staticmethod
+    def act(gu: torch.Tensor, fn) -> torch.Tensor:
+        f = gu.shape[-1] // 2
+        return fn(gu[:, :f]) * gu[:, f:]
 
 
 def rms_norm(x: torch.Tensor, w2: torch.Tensor, eps: float) -> torch.Tensor:
