@@ -50,9 +50,10 @@ def native_family(problem: str) -> str | None:
 # The engine's non-linear ops a kernel-factory kernel can run (engine/native_ops.py), and the
 # problems whose ABI each calls: the norms (the first layer's input norm, Gemma's sandwich norms,
 # the q/k head norms), the residual add fused with the norm after it, the gated activation (the
-# one the model's FFN uses).
+# one the model's FFN uses), RoPE of the q and k heads, decode attention over the KV cache.
 ELEMENT_OPS: dict[str, tuple[str, ...]] = {"norm": ("rmsnorm",), "add_norm": ("add_rmsnorm",),
-                                           "act": ("swiglu", "geglu")}
+                                           "act": ("swiglu", "geglu"), "rope": ("rope",),
+                                           "attention": ("attention_decode",)}
 
 
 def element_family(op: str, problem: str) -> str | None:
@@ -127,9 +128,9 @@ class EngineConfig(BaseModel):
       (it must have passed the harness on this hardware), which is how an engine design names the
       champion it was verified with. A library runs the parts of the op's weight stored in its
       block type; the op's other parts run the engine's default kernel. The non-linear ops
-      (``ELEMENT_OPS``: ``norm``, ``add_norm``, ``act``) take ``so:PATH`` or a champion of
-      ``rmsnorm``, ``add_rmsnorm``, ``swiglu``/``geglu`` (or one derived from them) the same way
-      (``engine/native_ops.py``).
+      (``ELEMENT_OPS``: ``norm``, ``add_norm``, ``act``, ``rope``, ``attention``) take ``so:PATH``
+      or a champion of ``rmsnorm``, ``add_rmsnorm``, ``swiglu``/``geglu``, ``rope``,
+      ``attention_decode`` (or one derived from them) the same way (``engine/native_ops.py``).
     - ``kv_dtype``: dtype of the KV cache. fp32 costs twice the memory of bf16 but CPU bmm in
       fp32 is much cheaper per call than in bf16, which dominates decode attention here. int8:
       each token's k and v of each kv head quantised to int8 with its own fp32 scale
@@ -210,6 +211,9 @@ class EngineConfig(BaseModel):
         if self.native_decode and (self.weights != "q4_1" or self.kv_dtype != "fp32"):
             raise ValueError("native_decode needs weights q4_1 and kv_dtype fp32 "
                              f"(got weights {self.weights}, kv_dtype {self.kv_dtype}); set it to 0 or leave it unset")
+        if "attention" in self.kernels and self.kv_dtype != "fp32":
+            raise ValueError(f"kernels.attention reads the KV cache in place as fp32 (the attention_decode ABI); "
+                             f"kv_dtype is {self.kv_dtype}: set kv_dtype fp32 or leave the attention op to the engine")
         if self.native_decode and self.kernels:
             raise ValueError("native_decode runs its own kernels for every op, so it cannot be combined "
                              "with kernels; set native_decode to 0 to run the named kernels")

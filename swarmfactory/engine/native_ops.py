@@ -119,34 +119,88 @@ ABI: dict[str, Abi] = {
     "geglu": Abi("void geglu(const float *gate, const float *up, float *y, int64_t n)",
                  (_P, _P, _P, _I), 2, 0, 1, True, _geglu_ref, _act_slack, 1e-4),
 }
-assert {f for fams in ELEMENT_OPS.values() for f in fams} == set(ABI)
+ROPE = ("void rope(const float *x, const int64_t *pos, float *y, int64_t tokens, int64_t heads, int64_t head_dim, "
+        "float theta)", (_P, _P, _P, _I, _I, _I, _F))
+ATTENTION = ("void attention_decode(const float *q, const float *k, const float *v, float *out, int64_t batch, "
+             "int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim, float scale)",
+             (_P, _P, _P, _P, _I, _I, _I, _I, _I, _F))
+# every problem's C function: symbol -> (declaration, argtypes)
+DECLARATIONS = {**{f: (a.declaration, a.argtypes) for f, a in ABI.items()}, "rope": ROPE,
+                "attention_decode": ATTENTION}
+assert {f for fams in ELEMENT_OPS.values() for f in fams} == set(DECLARATIONS)
 CHECK_ROWS = (1, 5)  # rows per load-check call: one, and an odd few for a kernel's row blocking
 ACTIVATIONS = {"silu": "swiglu", "gelu_tanh": "geglu"}  # the decoder's activation_name -> its problem
+# The rope problem's domain (problems/suites/cpu/rope.py): positions below MAX_POS (an fp32 angle
+# loses accuracy with the position, and its tolerance is set there), theta within THETA. A call
+# outside it runs the engine's own code: not a fault of the kernel.
+ROPE_MAX_POS, ROPE_THETA = 4096, (1e4, 1e6)
+CHECK_SEQ = (1, 7, 300)  # keys per load-check call of the attention kernel
 
 
 def _abi_table(symbols) -> dict:
-    return {s: (s, list(ABI[s].argtypes), ABI[s].declaration) for s in symbols}
+    return {s: (s, list(DECLARATIONS[s][1]), DECLARATIONS[s][0]) for s in symbols}
 
 
-class ElementKernel:
-    """One non-linear op of the engine run by a library's function for ``family``. Subclasses made
-    by ``resolve_elements`` carry the library; an instance serves one decoder (its sizes are
-    checked when it is made)."""
+class Audited:
+    """What every kernel of a non-linear op shares: its library, whether it is checked, the audit
+    state of its op (calls, audited, dropped: what was reported, rng) and whom to tell."""
 
     op: ClassVar[str]
     name: ClassVar[str]
     library: ClassVar[Library]
     check: ClassVar[bool] = True
-    audit_state: ClassVar[dict]  # calls, audited, dropped (what was reported), rng
+    audit_state: ClassVar[dict]
     on_wrong: ClassVar[object]
 
-    def __init__(self, family: str, sizes: list[tuple[int, int]], eps: float):
+    def _bind(self, family: str, declaration: str) -> None:
         if family not in self.library.fns:
             have = ", ".join(sorted(self.library.fns))
             raise KernelError(f"kernels.{self.op}: {self.name!r} runs {have}, but this model's {self.op} op is "
-                              f"{family} (the engine calls {ABI[family].declaration})")
-        self.family, self.abi, self.fn = family, ABI[family], self.library.fns[family]
+                              f"{family} (the engine calls {declaration})")
+        self.family, self.fn = family, self.library.fns[family]
         self._seen: set = set()
+
+    @property
+    def dropped(self) -> bool:
+        return self.audit_state["dropped"] is not None
+
+    def _audit_now(self, key) -> bool:
+        """Whether this call is audited (the first at ``key``, then a random AUDIT_SHARE); counts it."""
+        st = self.audit_state
+        st["calls"] += 1
+        if not self.check or (key in self._seen and st["rng"].random() >= AUDIT_SHARE):
+            return False
+        self._seen.add(key)
+        st["audited"] += 1
+        return True
+
+    def _report(self, shape: dict, what: str) -> None:
+        """Drop the kernel (for every decoder on it) and report what a call at ``shape`` did, once."""
+        st = self.audit_state
+        if st["dropped"] is None:
+            detail = f"{self.family} {' '.join(f'{k}={v}' for k, v in shape.items())}: {what}"
+            st["dropped"] = reported(self.on_wrong, self.library.problem or self.family, self.library.candidate,
+                                     shape, detail)
+
+    def _refused(self, where: str, what: str) -> KernelError:
+        return KernelError(f"kernel {self.name!r} for the {self.op} op failed its check on {where}: {what}; a "
+                           "library that fails it is not served")
+
+    @staticmethod
+    def _buffers(n: int, k: int) -> tuple[list, list]:
+        """k outputs of n floats, each between guard zones: (the outputs, their buffers)."""
+        bufs = [torch.full((_GUARD + n + _GUARD,), _SENTINEL, dtype=torch.float32) for _ in range(k)]
+        return [b[_GUARD:_GUARD + n] for b in bufs], bufs
+
+
+class ElementKernel(Audited):
+    """One row-wise non-linear op of the engine (a norm, the add + norm, the activation) run by a
+    library's function for ``family``. Subclasses made by ``resolve_elements`` carry the library;
+    an instance serves one decoder (its sizes are checked when it is made)."""
+
+    def __init__(self, family: str, sizes: list[tuple[int, int]], eps: float):
+        self._bind(family, ABI[family].declaration)
+        self.abi = ABI[family]
         self._params: dict = {}
         if self.check:
             self.verify(sizes, eps)
@@ -165,45 +219,30 @@ class ElementKernel:
         else:
             self.fn(*ptrs, rows, cols, eps)
 
-    @staticmethod
-    def _buffers(n: int, k: int) -> tuple[list, list]:
-        bufs = [torch.full((_GUARD + n + _GUARD,), _SENTINEL, dtype=torch.float32) for _ in range(k)]
-        return [b[_GUARD:_GUARD + n] for b in bufs], bufs
-
     def run(self, ins: list[torch.Tensor], params: list[torch.Tensor], eps: float | None = None
             ) -> list[torch.Tensor] | None:
         """The outputs ([rows, cols] fp32) for inputs [rows, cols] (any dtype) and fp32 params
         (``param``); None once the kernel is dropped (this call's finding included): the caller
         then runs the engine's own code."""
-        st = self.audit_state
-        if st["dropped"] is not None:
+        if self.dropped:
             return None
         rows, cols = ins[0].shape
         if not rows:
             return [torch.empty(0, cols) for _ in range(self.abi.outs)]
         ins = [t.to(torch.float32).contiguous() for t in ins]
-        key = (rows, cols)
-        audit = self.check and (key not in self._seen or st["rng"].random() < AUDIT_SHARE)
-        st["calls"] += 1
-        if not audit:
+        if not self._audit_now((rows, cols)):
             outs = [torch.empty(rows, cols) for _ in range(self.abi.outs)]
             self._invoke(ins, params, outs, rows, cols, eps)
             return outs
-        self._seen.add(key)
-        st["audited"] += 1
         before = [t.clone() for t in (*ins, *params)]
         flat, bufs = self._buffers(rows * cols, self.abi.outs)
         self._invoke(ins, params, flat, rows, cols, eps)
         outs = [o.view(rows, cols) for o in flat]
         what = self._fault(ins, params, before, bufs, outs, eps,
-                           sorted(st["rng"].sample(range(rows), min(AUDIT_ROWS, rows))))
+                           sorted(self.audit_state["rng"].sample(range(rows), min(AUDIT_ROWS, rows))))
         if what is None:
             return outs
-        if st["dropped"] is None:
-            shape = self.abi.shape(rows, cols)
-            detail = f"{self.family} {' '.join(f'{k}={v}' for k, v in shape.items())}: {what}"
-            st["dropped"] = reported(self.on_wrong, self.library.problem or self.family, self.library.candidate,
-                                     shape, detail)
+        self._report(self.abi.shape(rows, cols), what)
         return None
 
     def _fault(self, ins, params, before, bufs, outs, eps, rows: list[int]) -> str | None:
@@ -239,8 +278,159 @@ class ElementKernel:
             self._invoke(ins, params, flat, rows, cols, eps)
             what = self._fault(ins, params, before, bufs, [o.view(rows, cols) for o in flat], eps, list(range(rows)))
             if what is not None:
-                raise KernelError(f"kernel {self.name!r} for the {self.op} op failed its check on {rows} x {cols} "
-                                  f"random inputs: {what}; a library that fails it is not served")
+                raise self._refused(f"{rows} x {cols} random inputs", what)
+
+
+def _rope_ref(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    d = x.shape[-1]
+    x = x.double()
+    inv = float(theta) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos.double()[:, None, None] * inv
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)
+
+
+class RopeKernel(Audited):
+    """RoPE of the q and k heads by a ``rope`` kernel, for the model's frequency sets the problem
+    computes (plain ``theta`` frequencies: no per-dimension factors, no scaling, theta within
+    ``ROPE_THETA``); ``thetas`` holds each set's base, or None where the engine's own tables run."""
+
+    def __init__(self, family: str, heads: int, head_dim: int, thetas: list[float | None]):
+        self._bind(family, ROPE[0])
+        self.thetas = thetas
+        if not any(t is not None for t in thetas):
+            raise KernelError(f"kernels.{self.op}: {self.name!r} computes RoPE with plain theta frequencies "
+                              f"(theta {ROPE_THETA[0]:g} .. {ROPE_THETA[1]:g}); this model's RoPE scales its "
+                              "frequencies or lies outside that range, so no layer could run it")
+        if self.check:
+            g = torch.Generator().manual_seed(20261205)
+            for tokens in CHECK_ROWS:
+                x = torch.randn(tokens, heads, head_dim, generator=g)
+                pos = torch.randint(0, ROPE_MAX_POS, (tokens,), generator=g)
+                pos[0] = ROPE_MAX_POS - 1  # the largest angle
+                for theta in {t for t in thetas if t is not None}:
+                    y, what = self._call(x, pos, theta, audit=True, poison=True)
+                    if what is not None:
+                        raise self._refused(f"{tokens} token(s) x {heads} heads x {head_dim}, theta {theta:g}", what)
+
+    def _call(self, x, pos, theta, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
+        tokens, heads, d = x.shape
+        if not audit:
+            y = torch.empty(tokens, heads, d)
+            self.fn(x.data_ptr(), pos.data_ptr(), y.data_ptr(), tokens, heads, d, theta)
+            return y, None
+        before = (x.clone(), pos.clone())
+        [flat], bufs = self._buffers(tokens * heads * d, 1)
+        if poison:
+            flat.fill_(float("nan"))
+        self.fn(x.data_ptr(), pos.data_ptr(), flat.data_ptr(), tokens, heads, d, theta)
+        y = flat.view(tokens, heads, d)
+        if not (torch.equal(x, before[0]) and torch.equal(pos, before[1])):
+            return y, "the call changed its inputs"
+        if not _guards_intact(bufs[0]):
+            return y, "the call wrote outside its output"
+        rows = sorted(self.audit_state["rng"].sample(range(tokens), min(AUDIT_ROWS, tokens))) if not poison \
+            else list(range(tokens))
+        ref = _rope_ref(x[rows], pos[rows], theta)
+        half = d // 2
+        pair = (ref[..., :half].pow(2) + ref[..., half:].pow(2)).sqrt().repeat(1, 1, 2)
+        err = (y[rows].double() - ref).abs()
+        bad = ~(err <= 1e-3 * ref.abs() + 1e-4 + 1e-3 * pair)  # the problem's, its rtol and atol 10x
+        if bool(bad.any()):
+            t, h, c = (int(v) for v in bad.nonzero()[0])
+            return y, (f"output [{rows[t]}, {h}, {c}] (position {int(pos[rows[t]])}) was {y[rows[t], h, c].item():.6g}, "
+                       f"the fp64 reference gives {ref[t, h, c].item():.6g}")
+        return y, None
+
+    def apply(self, x: torch.Tensor, pos: torch.Tensor, rope_set: int) -> torch.Tensor | None:
+        """x [tokens, heads, D] roped at ``pos`` (fp32), or None: the engine's own code runs this
+        call (the kernel dropped, this set not the problem's, a position past its range)."""
+        theta = self.thetas[rope_set]
+        if self.dropped or theta is None or not len(pos) or int(pos.max()) >= ROPE_MAX_POS:
+            return None
+        x = x.to(torch.float32).contiguous()
+        pos = pos.to(torch.int64).contiguous()
+        tokens, heads, d = x.shape
+        y, what = self._call(x, pos, theta, audit=self._audit_now((heads, d, tokens)))
+        if what is None:
+            return y
+        self._report({"tokens": tokens, "heads": heads, "head_dim": d}, what)
+        return None
+
+
+class AttentionKernel(Audited):
+    """Decode attention by an ``attention_decode`` kernel: one call per sequence and kv head, its
+    ``group`` query heads against that head's keys and values read in place from an fp32 KV cache
+    (``[slots, kv heads, capacity, D]`` per plane, so a head's first positions are contiguous);
+    a sliding-window layer's window is one stretch of its ring, or two gathered into one where it
+    wraps. Batch invariant: each sequence's sums are its own."""
+
+    def __init__(self, family: str, group: int, head_dim: int, scale: float):
+        self._bind(family, ATTENTION[0])
+        self.group, self.head_dim, self.scale = group, head_dim, scale
+        if self.check:
+            g = torch.Generator().manual_seed(20261205)
+            for seq in CHECK_SEQ:
+                q = torch.randn(group, head_dim, generator=g)
+                k, v = torch.randn(seq, head_dim, generator=g), torch.randn(seq, head_dim, generator=g)
+                what = self._call(q, k, v, audit=True, poison=True)[1]
+                if what is not None:
+                    raise self._refused(f"{group} query head(s), {seq} key(s) of {head_dim}", what)
+
+    def _call(self, q, k, v, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
+        G, D = q.shape
+        seq = k.shape[0]
+        if not audit:
+            out = torch.empty(G, D)
+            self.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 1, G, 1, seq, D, self.scale)
+            return out, None
+        before = (q.clone(), k.clone(), v.clone())
+        [flat], bufs = self._buffers(G * D, 1)
+        if poison:
+            flat.fill_(float("nan"))
+        self.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), flat.data_ptr(), 1, G, 1, seq, D, self.scale)
+        out = flat.view(G, D)
+        if not all(torch.equal(a, b) for a, b in zip((q, k, v), before)):
+            return out, "the call changed its inputs (the query or the KV cache)"
+        if not _guards_intact(bufs[0]):
+            return out, "the call wrote outside its output"
+        p = ((q.double() @ k.double().T) * self.scale).softmax(-1)
+        ref = p @ v.double()
+        err = (out.double() - ref).abs()
+        bad = ~(err <= 1e-3 * ref.abs() + 1e-3)  # the problem's tolerance, 10x
+        if bool(bad.any()):
+            h, c = (int(x) for x in bad.nonzero()[0])
+            return out, (f"output [{h}, {c}] over {seq} keys was {out[h, c].item():.6g}, the fp64 reference gives "
+                         f"{ref[h, c].item():.6g}")
+        return out, None
+
+    def decode(self, q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, slots: list[int],
+               lens: list[int], capacity: int, window: int | None) -> torch.Tensor | None:
+        """q [B, KV * G, D] (one decode token per sequence) -> [B, KV * G * D], or None once the
+        kernel is dropped (the engine's own attention then runs the step)."""
+        if self.dropped or k_plane.dtype != torch.float32:
+            return None
+        B, KV, G, D = q.shape[0], k_plane.shape[1], self.group, self.head_dim
+        qs = q.to(torch.float32).reshape(B, KV, G, D)
+        out = torch.empty(B, KV, G, D)
+        for i, (slot, n) in enumerate(zip(slots, lens)):
+            length = n if window is None else min(n, window)
+            start = (n - length) % capacity  # the ring entry of the oldest position the query sees
+            for h in range(KV):
+                kh, vh = k_plane[slot, h], v_plane[slot, h]
+                if start + length <= capacity:
+                    k, v = kh[start:start + length], vh[start:start + length]
+                else:  # the window wraps around the ring: its two stretches, gathered
+                    k = torch.cat([kh[start:], kh[: start + length - capacity]])
+                    v = torch.cat([vh[start:], vh[: start + length - capacity]])
+                qh = qs[i, h].contiguous()
+                audit = self._audit_now((G, D, length.bit_length()))
+                o, what = self._call(qh, k, v, audit)
+                if what is not None:
+                    self._report({"batch": 1, "heads": G, "kv_heads": 1, "seq": length, "head_dim": D}, what)
+                    return None
+                out[i, h] = o
+        return out.view(B, KV * G * D)
 
 
 class ElementOps:
@@ -280,6 +470,16 @@ class ElementOps:
                 return out[0].to(x.dtype), out[1].to(x.dtype)
         return self.own.add_norm(x, r, w2, eps)
 
+    def rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, n_rot: int,
+             rope_set: int) -> torch.Tensor:
+        """qkv [tokens, heads, D] with its first ``n_rot`` heads (q and k) roped."""
+        k = self.kernels.get("rope")
+        if k is not None:
+            y = k.apply(qkv[:, :n_rot], positions, rope_set)
+            if y is not None:
+                return torch.cat([y.to(qkv.dtype), qkv[:, n_rot:]], dim=1)
+        return self.own.rope(qkv, cos, sin, positions, n_rot, rope_set)
+
     def act(self, gu: torch.Tensor, fn) -> torch.Tensor:
         k = self.kernels.get("act")
         if k is not None:
@@ -290,14 +490,18 @@ class ElementOps:
         return self.own.act(gu, fn)
 
 
-def _class(op: str, lib: Library, check: bool, on_wrong) -> type[ElementKernel]:
+KINDS = {"rope": RopeKernel, "attention": AttentionKernel}  # op -> its kernel class (row-wise ops: ElementKernel)
+
+
+def _class(op: str, lib: Library, check: bool, on_wrong) -> type[Audited]:
     state = {"calls": 0, "audited": 0, "dropped": None, "rng": random.Random(os.urandom(16))}
-    return type(f"ElementKernel_{op}_{lib.sha256[:12]}", (ElementKernel,),
+    base = KINDS.get(op, ElementKernel)
+    return type(f"{base.__name__}_{op}_{lib.sha256[:12]}", (base,),
                 {"op": op, "name": lib.spec, "library": lib, "check": check, "audit_state": state,
                  "on_wrong": staticmethod(on_wrong)})
 
 
-def resolve_one(op: str, spec: str, supply: KernelSupply | None = None) -> type[ElementKernel]:
+def resolve_one(op: str, spec: str, supply: KernelSupply | None = None) -> type[Audited]:
     """The kernel class for ``op`` a kernel name stands for; KernelError naming it."""
     supply = supply or NoSupply()
     try:
@@ -316,7 +520,7 @@ def resolve_one(op: str, spec: str, supply: KernelSupply | None = None) -> type[
             raise KernelError(f"{spec}: only champions of {', '.join(families)} (or of a problem derived from them) "
                               f"run the {op} op")
         try:
-            built = supply.build(spec, ABI[family].declaration)
+            built = supply.build(spec, DECLARATIONS[family][0])
         except UnavailableKernel as e:
             raise KernelError(str(e)) from None
         lib = _load(built.path, spec, _sha256(built.path), (family,), abi=_abi_table((family,)), origin=built.origin,
@@ -324,7 +528,7 @@ def resolve_one(op: str, spec: str, supply: KernelSupply | None = None) -> type[
     return _class(op, lib, _checks_on(), supply.on_wrong)
 
 
-def resolve_elements(kernels: dict[str, str], supply: KernelSupply | None = None) -> dict[str, type[ElementKernel]]:
+def resolve_elements(kernels: dict[str, str], supply: KernelSupply | None = None) -> dict[str, type[Audited]]:
     """op -> kernel class for every non-linear op ``kernels`` names (looked up afresh at each
     engine load); errors name the op."""
     out = {}

@@ -128,7 +128,8 @@ def element_problems(model: str | None) -> dict[str, list[str]]:
     path = resolve_model_path(model)
     stem = slug(path.stem)
     act = ACTIVATIONS.get(model_class(load_gguf(path).hparams.architecture).activation_name)
-    families = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", **({"act": act} if act else {})}
+    families = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", **({"act": act} if act else {}), "rope": "rope",
+                "attention": "attention_decode"}
     return {op: [p for p in (f"{f}.{stem}", f) if "." not in p or registered(p) is not None]
             for op, f in families.items()}
 
@@ -248,6 +249,8 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
         k.update(native_decode=0, native_prefill=0, dense="calibrated", kernels="builtin")
     linear = (champion_kernels(base.model, champions) if base.weights == "q4_1" and k["kernels"] == "champion"
               else {})
+    if data["kv_dtype"] != "fp32":  # the attention kernel reads an fp32 cache in place
+        linear.pop("attention", None)
     for knob, problem in CHAMPION_KNOBS.items():
         have = bool(linear) if knob == "kernels" else bool(champions.get(problem))
         if base.weights == "q4_1" and k[knob] == "champion" and not have:

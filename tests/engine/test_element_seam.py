@@ -65,14 +65,15 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     root = tmp_path_factory.mktemp("element_libs")
-    return {n: _good(n, root / f"{n}.so") for n in ("rmsnorm", "add_rmsnorm", "swiglu", "geglu")}
+    return {n: _good(n, root / f"{n}.so") for n in ("rmsnorm", "add_rmsnorm", "swiglu", "geglu", "rope",
+                                                     "attention_decode")}
 
 
-def _engine(path, kernels: dict, weights="fp32", supply=None):
+def _engine(path, kernels: dict, weights="fp32", supply=None, **kw):
     from swarmfactory.engine import Engine
 
     cfg = EngineConfig(model=str(path), weights=weights, threads=THREADS, max_batch=4, max_seq_len=128,
-                       native_decode=0, native_prefill=0, kernels=kernels)
+                       native_decode=0, native_prefill=0, kernels=kernels, **kw)
     return Engine(cfg, supply=supply)
 
 
@@ -148,7 +149,8 @@ def test_the_wrong_activation_and_bad_names_are_refused_with_the_reason(models, 
     bad = [({"act": "int4pack"}, "runs the engine's own code or a kernel-factory kernel"),
            ({"norm": "champion:q4_k_matmul"}, "only champions of rmsnorm"),
            ({"add_norm": "champion:add_rmsnorm+champion:rmsnorm"}, "one kernel runs the add_norm op"),
-           ({"rope": "champion:rope"}, "unknown op 'rope'")]
+           ({"rope": "champion:attention_decode"}, "only champions of rope"),
+           ({"mlp": "champion:swiglu"}, "unknown op 'mlp'")]
     for kernels, match in bad:
         with pytest.raises(ConfigError, match=match):
             EngineConfig.from_dict({"kernels": kernels})
@@ -163,7 +165,8 @@ def derived(models, tmp_path, monkeypatch):
     monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "cache"))
     problems._CACHE.clear()
     register(derive(models["gemma3"]))
-    yield {f: problems.load_problem(f"{f}.tiny-gemma3") for f in ("rmsnorm", "add_rmsnorm", "geglu")}
+    yield {f: problems.load_problem(f"{f}.tiny-gemma3") for f in ("rmsnorm", "add_rmsnorm", "geglu", "rope",
+                                                                  "attention_decode")}
     problems._CACHE.clear()
 
 
@@ -189,10 +192,14 @@ def test_derived_champions_run_through_the_corridor_and_a_wrong_one_is_reported(
     # what a kernels=champion design of this model pins: the derived problems' champions
     champions = {p.name: ids[f] for f, p in derived.items()}
     kernels = D.champion_kernels(str(models["gemma3"]), champions)
-    assert kernels == {"norm": f"champion:rmsnorm.tiny-gemma3@{ids['rmsnorm']}",
-                       "add_norm": f"champion:add_rmsnorm.tiny-gemma3@{ids['add_rmsnorm']}",
-                       "act": f"champion:geglu.tiny-gemma3@{ids['geglu']}"}
-    assert {"rmsnorm.tiny-gemma3", "geglu", "add_rmsnorm"} <= set(D.kernel_problems(str(models["gemma3"])))
+    ops = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", "act": "geglu", "rope": "rope", "attention": "attention_decode"}
+    assert kernels == {op: f"champion:{f}.tiny-gemma3@{ids[f]}" for op, f in ops.items()}
+    assert {"rmsnorm.tiny-gemma3", "geglu", "add_rmsnorm", "attention_decode"} <= set(D.kernel_problems(str(models["gemma3"])))
+    # a design with a bf16 KV cache pins every champion but attention's (it reads an fp32 cache)
+    q4 = EngineConfig(model=str(models["gemma3"]), weights="q4_1")
+    design = D.build({"kernels": "champion", "kv_dtype": "bf16"}, q4, champions)
+    assert set(design.config.kernels) == set(ops) - {"attention"}
+    assert set(D.build({"kernels": "champion"}, q4, champions).config.kernels) == set(ops)
     base = _engine(models["gemma3"], {})
     eng = _engine(models["gemma3"], kernels, supply=Corridor(db))
     assert eng.paths.native_kernels["act"]["candidate"] == ids["geglu"]
@@ -216,3 +223,67 @@ def test_derived_champions_run_through_the_corridor_and_a_wrong_one_is_reported(
         assert champ is None or champ.candidate_id != bad
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_rope_and_decode_attention_run_factory_kernels(models, libs, arch):
+    """RoPE of the q and k heads and decode attention in place over the KV cache. Gemma's sliding
+    layers keep a ring of window - 1 + prefill_chunk = 23 positions here, so 40 generated tokens
+    wrap it: the window is then gathered from its two stretches. Greedy tokens equal the engine's
+    own, logits to fp32 rounding; both global and local RoPE sets run the kernel."""
+    kw = dict(prefill_chunk=16)
+    base = _engine(models[arch], {}, **kw)
+    eng = _engine(models[arch], {"rope": f"so:{libs['rope']}", "attention": f"so:{libs['attention_decode']}"}, **kw)
+    if arch == "gemma3":
+        assert eng.model.ops.kernels["rope"].thetas == [r.theta for r in eng.model.ropes] and len(eng.model.ropes) == 2
+        assert any(eng.kv.is_ring(li) for li in range(len(eng.model.layers)))
+    want = [c.token_ids for c in base.generate(PROMPTS, max_tokens=40, ignore_eos=True)]
+    assert [c.token_ids for c in eng.generate(PROMPTS, max_tokens=40, ignore_eos=True)] == want
+    ids = base.tokenizer.encode(PROMPTS[0]) + want[0]
+    a, b = base.score(ids), eng.score(ids)
+    assert (a - b).abs().max().item() <= 1e-4 * (1 + a.abs().max().item())
+    for op, k in eng.model.ops.kernels.items():
+        st = type(k).audit_state
+        assert st["calls"] > st["audited"] > 0 and st["dropped"] is None, (op, st)
+
+
+def test_a_rope_kernel_wrong_at_three_tokens_and_an_attention_kernel_wrong_past_eight_keys_are_dropped(
+        models, tmp_path):
+    rope = _bad("rope", "if (tokens == 3) y[7] = -y[7];", tmp_path / "rope3.so")
+    att = _bad("attention_decode", "if (seq > 8 && seq < 40) out[0] += 0.5f;", tmp_path / "att8.so")  # load: 1, 7, 300
+    base = _engine(models["llama"], {})
+    eng = _engine(models["llama"], {"rope": f"so:{rope}", "attention": f"so:{att}"})
+    ids = base.tokenizer.encode(PROMPT)
+    eng.score(ids[:3])  # a step of three prompt tokens: the rope call is audited (a new size) and caught
+    r = type(eng.model.ops.kernels["rope"]).audit_state
+    assert r["dropped"] and "tokens=3" in r["dropped"] and "not from the store" in r["dropped"]
+    # decode attention: the first call with 16 keys opens a new size bucket, so it is audited at the latest
+    eng.generate([PROMPTS[2]], max_tokens=20, ignore_eos=True)
+    a = type(eng.model.ops.kernels["attention"]).audit_state
+    assert a["dropped"] and "seq=" in a["dropped"]
+    assert torch.equal(eng.score(ids), base.score(ids))  # both dropped: the engine's own code throughout
+    audit = eng.kernel_audit()["native_kernels"]
+    assert audit["rope"]["dropped"] and audit["attention"]["dropped"]
+
+
+def test_rope_and_attention_kernels_refused_where_they_cannot_run(models, libs, tmp_path):
+    from swarmfactory.engine.native_ops import ROPE_MAX_POS
+
+    scaled = tm.write_gguf(tm.hf_model("llama", rope="linear"), "llama", tmp_path / "scaled.gguf", QT.Q8_0)
+    with pytest.raises(KernelError, match=r"kernels\.rope: .*scales its frequencies .*no layer could run it"):
+        _engine(scaled, {"rope": f"so:{libs['rope']}"})
+    with pytest.raises(ConfigError, match=r"kernels\.attention reads the KV cache in place as fp32.*kv_dtype is bf16"):
+        EngineConfig.from_dict({"kv_dtype": "bf16", "kernels": {"attention": f"so:{libs['attention_decode']}"}})
+    # refused at load: wrong at the largest angle, a write past the output, a changed KV cache
+    for lib, op, body, match in [
+            ("rope", "rope", "if (pos[0] > 4000) y[0] += 1.0f;", r"position 4095"),
+            ("attention_decode", "attention", "out[heads * head_dim] = 0.0f;", "wrote outside its output"),
+            ("attention_decode", "attention", "((float *)k)[0] = 0.0f;", "changed its inputs")]:
+        with pytest.raises(KernelError, match=rf"for the {op} op failed its check.*{match}"):
+            _engine(models["gemma3"], {op: f"so:{_bad(lib, body, tmp_path / (op + '.so'))}"})
+    # positions past the rope problem's range run the engine's own code: not a fault of the kernel
+    eng = _engine(models["llama"], {"rope": f"so:{libs['rope']}"})
+    k = eng.model.ops.kernels["rope"]
+    x = torch.randn(2, 6, eng.model.hd)
+    assert k.apply(x, torch.tensor([5, ROPE_MAX_POS]), 0) is None and not k.dropped
+    assert k.apply(x, torch.tensor([5, 9]), 0) is not None

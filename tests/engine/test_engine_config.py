@@ -15,7 +15,9 @@ def test_unknown_key_is_rejected_with_its_name():
 
 
 def test_unknown_op_in_kernels_is_rejected():
-    with pytest.raises(ConfigError, match="unknown op 'attention'"):
+    with pytest.raises(ConfigError, match="unknown op 'softmax'"):
+        EngineConfig.from_dict({"kernels": {"softmax": "dense"}})
+    with pytest.raises(ConfigError, match="the attention op runs the engine's own code or a kernel-factory kernel"):
         EngineConfig.from_dict({"kernels": {"attention": "dense"}})
 
 

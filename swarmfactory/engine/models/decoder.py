@@ -39,7 +39,7 @@ from ..config import EngineConfig
 from ..gguf_loader import GGUFModel
 from ..kernels import Dense, Linear, Weight, build_linear
 from ..kv_cache import KVCache, ring_positions
-from ..native_ops import ACTIVATIONS, CHECK_ROWS, ElementOps
+from ..native_ops import ACTIVATIONS, CHECK_ROWS, ROPE_THETA, ElementOps
 from .rope import Rope
 from .step import PrefillChunk, StepInput
 
@@ -120,7 +120,8 @@ class Decoder:
         # At least 512 positions: calibration (engine/calibrate.py) runs 256-token prompts whatever
         # max_seq_len is, and the tables are tiny.
         n_pos = min(max(cfg.max_seq_len, 512), hp.context_length)
-        self.rope_tables = [r.tables(self.hd, n_pos, dt) for r in self.rope_sets(gg)]
+        self.ropes = self.rope_sets(gg)
+        self.rope_tables = [r.tables(self.hd, n_pos, dt) for r in self.ropes]
         self.cos, self.sin_signed = self.rope_tables[0]
         self._zero = torch.zeros(1, 1, 1, dtype=self.att_dtype)  # baddbmm's ignored input (beta=0)
         self.ops = self._element_ops(classes or {})
@@ -133,8 +134,14 @@ class Decoder:
         sizes = {"norm": [(r, hp.dim) for r in rows] + ([(r * self.n_heads, self.hd) for r in rows]
                                                         if self.qk_norm else []),
                  "add_norm": [(r, hp.dim) for r in rows], "act": [(r, hp.ffn_dim) for r in rows]}
-        return ElementOps(TorchOps(), {op: cls(families[op], sizes[op], self.eps)
-                                       for op, cls in classes.items() if op in families})
+        made = {op: cls(families[op], sizes[op], self.eps) for op, cls in classes.items() if op in families}
+        if "rope" in classes:  # the sets the rope problem computes: plain theta frequencies in its range
+            thetas = [r.theta if r.factors is None and r.linear == 1.0 and ROPE_THETA[0] <= r.theta <= ROPE_THETA[1]
+                      else None for r in self.ropes]
+            made["rope"] = classes["rope"]("rope", self.n_heads + self.n_kv, self.hd, thetas)
+        if "attention" in classes:
+            made["attention"] = classes["attention"]("attention_decode", self.group, self.hd, self.scale)
+        return ElementOps(TorchOps(), made)
 
     # -- hooks (see the module docstring) ------------------------------------------------------
     def embed_scale(self) -> float | None:
@@ -215,6 +222,13 @@ class Decoder:
         Plain bmm + softmax: at one query row per head, SDPA's flash kernel costs 2-3x more on
         CPU. The G query heads sharing a kv head form the rows of one small matmul.
         """
+        kernel = self.ops.kernels.get("attention")
+        if kernel is not None:  # a kernel-factory kernel, per sequence (None: dropped, this step included)
+            slots = (list(range(*s.decode_range)) if s.decode_range is not None else s.decode_slots.tolist())
+            out = kernel.decode(q, kv.kv[li][0], kv.kv[li][1], slots, (s.positions[: q.shape[0]] + 1).tolist(),
+                                kv.capacities[li], window)
+            if out is not None:
+                return out.to(q.dtype)
         if self.exact_attention:
             return self._exact_decode_attention(q, kv, li, s, window)
         B, KV, G, D = q.shape[0], self.n_kv, self.group, self.hd
@@ -296,7 +310,7 @@ class Decoder:
         """Returns fp32 logits [len(logit_rows), vocab]."""
         n = s.tokens.shape[0]
         H, KV, D = self.n_heads, self.n_kv, self.hd
-        heads, half, eps = H + 2 * KV, self.hd // 2, self.eps
+        heads, eps = H + 2 * KV, self.eps
         tables = [self._rope_tables(s.positions, cos, sin) for cos, sin in self.rope_tables]
         nd = s.n_decode
         cast = self.att_dtype != self.dtype
@@ -318,8 +332,7 @@ class Decoder:
             if L.qk_norm is not None:
                 qkv = torch.cat([ops.head_norm(qkv[:, : H + KV], L.qk_norm, eps, H), qkv[:, H + KV :]], dim=1)
             cos, sin = tables[L.rope]
-            rot = torch.cat([qkv[..., half:], qkv[..., :half]], dim=-1)  # cheaper than roll
-            qkv = torch.addcmul(qkv * cos, rot, sin)
+            qkv = ops.rope(qkv, cos, sin, s.positions, H + KV, L.rope)
             if cast:
                 qkv = qkv.to(self.att_dtype)
             kv.write(li, s.slots, s.positions, qkv[:, H:].view(n, 2, KV, D))
@@ -364,6 +377,15 @@ class TorchOps:
     def add_norm(x: torch.Tensor, r: torch.Tensor, w2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         h = x + r
         return h, rms_norm(h, w2, eps)
+
+    @staticmethod
+    def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, n_rot: int,
+             rope_set: int) -> torch.Tensor:
+        """cos and signed sin [tokens, heads, D] cover every head (1 and 0 past ``n_rot``: v is
+        carried along, so one pass ropes q and k)."""
+        half = qkv.shape[-1] // 2
+        rot = torch.cat([qkv[..., half:], qkv[..., :half]], dim=-1)  # cheaper than roll
+        return torch.addcmul(qkv * cos, rot, sin)
 
     @staticmethod
     def act(gu: torch.Tensor, fn) -> torch.Tensor:
