@@ -159,18 +159,31 @@ class Audited:
                               f"{family} (the engine calls {declaration})")
         self.family, self.fn = family, self.library.fns[family]
         self._seen: set = set()
+        self._gap = self._draw()
 
     @property
     def dropped(self) -> bool:
         return self.audit_state["dropped"] is not None
 
+    def _draw(self) -> int:
+        """Calls until the next random audit: geometric with mean 1 / AUDIT_SHARE, from an rng seeded
+        from os.urandom (a kernel cannot foresee it); one draw per audit, not one per call."""
+        u = self.audit_state["rng"].random()
+        return 1 + int(math.log1p(-u) / math.log1p(-AUDIT_SHARE))
+
     def _audit_now(self, key) -> bool:
         """Whether this call is audited (the first at ``key``, then a random AUDIT_SHARE); counts it."""
         st = self.audit_state
         st["calls"] += 1
-        if not self.check or (key in self._seen and st["rng"].random() >= AUDIT_SHARE):
+        if not self.check:
             return False
-        self._seen.add(key)
+        if key in self._seen:
+            self._gap -= 1
+            if self._gap > 0:
+                return False
+            self._gap = self._draw()
+        else:
+            self._seen.add(key)
         st["audited"] += 1
         return True
 
@@ -205,12 +218,16 @@ class ElementKernel(Audited):
         if self.check:
             self.verify(sizes, eps)
 
-    def param(self, w: torch.Tensor) -> torch.Tensor:
-        """An fp32 contiguous copy of a norm weight, made once per weight."""
-        key = (w.data_ptr(), w.numel(), w.dtype)
-        if key not in self._params:
-            self._params[key] = w.detach().to(torch.float32).contiguous().clone()
-        return self._params[key]
+    def param(self, w: torch.Tensor, n: int | None = None, row: int | None = None) -> torch.Tensor:
+        """An fp32 contiguous copy of a norm weight (``w[row]`` or ``w[:n]``), made once per weight:
+        kept by the weight tensor's identity, with the tensor itself (so the identity is never
+        another's), as the decoder's weights live as long as it does."""
+        key = (id(w), n, row)
+        got = self._params.get(key)
+        if got is None:
+            part = w[row] if row is not None else (w[:n] if n is not None else w)
+            got = self._params[key] = (w, part.detach().to(torch.float32).contiguous().clone())
+        return got[1]
 
     def _invoke(self, ins, params, outs, rows: int, cols: int, eps: float | None) -> None:
         ptrs = [t.data_ptr() for t in (*ins, *params, *outs)]
@@ -229,7 +246,7 @@ class ElementKernel(Audited):
         rows, cols = ins[0].shape
         if not rows:
             return [torch.empty(0, cols) for _ in range(self.abi.outs)]
-        ins = [t.to(torch.float32).contiguous() for t in ins]
+        ins = [t if t.dtype == torch.float32 and t.is_contiguous() else t.to(torch.float32).contiguous() for t in ins]
         if not self._audit_now((rows, cols)):
             outs = [torch.empty(rows, cols) for _ in range(self.abi.outs)]
             self._invoke(ins, params, outs, rows, cols, eps)
@@ -445,9 +462,10 @@ class ElementOps:
         k = self.kernels.get("norm")
         if k is not None:
             d = x.shape[-1]
-            out = k.run([x.reshape(-1, d)], [k.param(w2[:d])], eps)
+            out = k.run([x if x.dim() == 2 else x.reshape(-1, d)], [k.param(w2, n=d)], eps)
             if out is not None:
-                return out[0].view(x.shape).to(x.dtype)
+                y = out[0] if x.dim() == 2 else out[0].view(x.shape)
+                return y if x.dtype == torch.float32 else y.to(x.dtype)
         return self.own.norm(x, w2, eps)
 
     def head_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, n_q: int) -> torch.Tensor:
@@ -455,8 +473,8 @@ class ElementOps:
         k = self.kernels.get("norm")
         if k is not None:
             n, heads, d = x.shape
-            q = k.run([x[:, :n_q].reshape(-1, d)], [k.param(w[0])], eps)
-            kk = k.run([x[:, n_q:].reshape(-1, d)], [k.param(w[n_q])], eps) if q is not None else None
+            q = k.run([x[:, :n_q].reshape(-1, d)], [k.param(w, row=0)], eps)
+            kk = k.run([x[:, n_q:].reshape(-1, d)], [k.param(w, row=n_q)], eps) if q is not None else None
             if kk is not None:
                 return torch.cat([q[0].view(n, n_q, d), kk[0].view(n, heads - n_q, d)], dim=1).to(x.dtype)
         return self.own.head_norm(x, w, eps, n_q)
@@ -465,9 +483,9 @@ class ElementOps:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         k = self.kernels.get("add_norm")
         if k is not None:
-            out = k.run([x, r], [k.param(w2[: x.shape[-1]])], eps)
+            out = k.run([x, r], [k.param(w2, n=x.shape[-1])], eps)
             if out is not None:
-                return out[0].to(x.dtype), out[1].to(x.dtype)
+                return (out[0], out[1]) if x.dtype == torch.float32 else (out[0].to(x.dtype), out[1].to(x.dtype))
         return self.own.add_norm(x, r, w2, eps)
 
     def rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, n_rot: int,
@@ -486,7 +504,7 @@ class ElementOps:
             f = gu.shape[-1] // 2
             out = k.run([gu[:, :f], gu[:, f:]], [])
             if out is not None:
-                return out[0].to(gu.dtype)
+                return out[0] if gu.dtype == torch.float32 else out[0].to(gu.dtype)
         return self.own.act(gu, fn)
 
 
