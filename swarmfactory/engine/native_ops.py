@@ -48,8 +48,8 @@ from swarmfactory.kernelref import KernelRef
 
 from .config import ELEMENT_OPS, element_family
 from .kernels import KernelError
-from .native_seam import (_GUARD, _SENTINEL, AUDIT_ROWS, AUDIT_SHARE, Library, _checks_on, _guards_intact, _load,
-                          _sha256, cached_copy, reported, so_path)
+from .native_seam import (AUDIT_ROWS, AUDIT_SHARE, Library, _checks_on, _guards_intact, _load, _sha256, cached_copy,
+                          guarded, reported, so_path)
 from .supply import KernelSupply, NoSupply, UnavailableKernel
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -199,11 +199,11 @@ class Audited:
         return KernelError(f"kernel {self.name!r} for the {self.op} op failed its check on {where}: {what}; a "
                            "library that fails it is not served")
 
-    @staticmethod
-    def _buffers(n: int, k: int) -> tuple[list, list]:
-        """k outputs of n floats, each between guard zones: (the outputs, their buffers)."""
-        bufs = [torch.full((_GUARD + n + _GUARD,), _SENTINEL, dtype=torch.float32) for _ in range(k)]
-        return [b[_GUARD:_GUARD + n] for b in bufs], bufs
+    def _buffers(self, n: int, k: int, shape: tuple | None = None) -> tuple[list, list]:
+        """k outputs of n floats (viewed as ``shape``, rows x cols), each between guard zones
+        (``native_seam.guarded``: on every call, audited or not): (the outputs, their guards)."""
+        got = [guarded(n, self.audit_state["rng"], shape) for _ in range(k)]
+        return [o for o, _ in got], [g for _, g in got]
 
 
 class ElementKernel(Audited):
@@ -248,7 +248,7 @@ class ElementKernel(Audited):
             return [torch.empty(0, cols) for _ in range(self.abi.outs)]
         ins = [t if t.dtype == torch.float32 and t.is_contiguous() else t.to(torch.float32).contiguous() for t in ins]
         if not self._audit_now((rows, cols)):
-            outs = [torch.empty(rows, cols) for _ in range(self.abi.outs)]
+            outs = self._buffers(rows * cols, self.abi.outs, (rows, cols))[0]
             self._invoke(ins, params, outs, rows, cols, eps)
             return outs
         before = [t.clone() for t in (*ins, *params)]
@@ -333,9 +333,9 @@ class RopeKernel(Audited):
     def _call(self, x, pos, theta, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
         tokens, heads, d = x.shape
         if not audit:
-            y = torch.empty(tokens, heads, d)
+            [y], _ = self._buffers(tokens * heads * d, 1)
             self.fn(x.data_ptr(), pos.data_ptr(), y.data_ptr(), tokens, heads, d, theta)
-            return y, None
+            return y.view(tokens, heads, d), None
         before = (x.clone(), pos.clone())
         [flat], bufs = self._buffers(tokens * heads * d, 1)
         if poison:
@@ -398,9 +398,9 @@ class AttentionKernel(Audited):
         G, D = q.shape
         seq = k.shape[0]
         if not audit:
-            out = torch.empty(G, D)
+            [out], _ = self._buffers(G * D, 1)
             self.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 1, G, 1, seq, D, self.scale)
-            return out, None
+            return out.view(G, D), None
         before = (q.clone(), k.clone(), v.clone())
         [flat], bufs = self._buffers(G * D, 1)
         if poison:

@@ -32,7 +32,9 @@ unchanged): a broken library fails the load with its error instead of serving wr
 A library can still be wrong where those rows never look (another batch size, a position), so
 while serving its calls are audited (``NativeLinear.audit``): the first call at each batch size
 and a random ``AUDIT_SHARE`` of the others have ``AUDIT_ROWS`` random output rows recomputed
-from the dequantised weight. At the first mismatch the library is dropped for every op that runs
+from the dequantised weight. Every call, audited or not, writes between guard zones of random
+values (``guarded``), so a kernel cannot tell a checked call by what lies next to its output.
+At the first mismatch the library is dropped for every op that runs
 it, the call is computed again by the op's built-in kernel (as are all later ones) and the
 finding goes to the supply's ``on_wrong`` (``engine/audit.py``).
 Tests that must show a broken kernel caught elsewhere (the engine factory's end-to-end
@@ -93,14 +95,36 @@ CHECK_CHUNK = 4096  # weight rows dequantised at a time by the load check (every
 AUDIT_ROWS = 8
 AUDIT_SHARE = 1 / 16
 AUDIT_SCALE = 1e-5  # of sum |x||w| per output, on top of the load check's tolerance (as decode.c's audit)
-_GUARD = 64  # floats of sentinel on each side of the output
-_SENTINEL = 1234.5
+_GUARD = 64  # floats of guard zone on each side of an output
 UNCHECKED_ENV = "SWARMFACTORY_TEST_UNCHECKED_KERNELS"
+# Every call's output (audited or not) lies between two guard zones copied from this pool of
+# random floats at random offsets: what a kernel finds next to its output never tells it whether
+# this call is checked (a fixed sentinel would: a kernel could behave only when it sees one).
+_POOL = torch.randn(1 << 14, generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))) * 64
 
 
-def _guards_intact(buf: torch.Tensor) -> bool:
-    """The _GUARD floats each side of an output placed in ``buf`` still hold the sentinel."""
-    return bool((buf[:_GUARD] == _SENTINEL).all()) and bool((buf[-_GUARD:] == _SENTINEL).all())  # tests only: see the module docstring
+_POOL_PTR = _POOL.data_ptr()
+_OFFSET_BITS = 13  # guard offsets in [0, 8192): within the pool with room for a zone
+
+
+def guarded(n: int, rng: random.Random, shape: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+    """An output of ``n`` fp32 (viewed as ``shape``, rows x cols, where given) between guard
+    zones from the pool: (the output, its guard, which ``_guards_intact`` checks after the call).
+    A few microseconds: it runs on every call."""
+    buf = torch.empty(_GUARD + n + _GUARD, dtype=torch.float32)
+    lo, hi = rng.getrandbits(_OFFSET_BITS), rng.getrandbits(_OFFSET_BITS)
+    base = buf.data_ptr()
+    ctypes.memmove(base, _POOL_PTR + 4 * lo, 4 * _GUARD)
+    ctypes.memmove(base + 4 * (_GUARD + n), _POOL_PTR + 4 * hi, 4 * _GUARD)
+    out = buf.as_strided(shape, (shape[1], 1), _GUARD) if shape else buf[_GUARD:_GUARD + n]
+    return out, (buf, lo, hi)
+
+
+def _guards_intact(guard: tuple) -> bool:
+    """Both guard zones of an output from ``guarded`` still hold what was copied there."""
+    buf, lo, hi = guard
+    return (torch.equal(buf[:_GUARD], _POOL[lo:lo + _GUARD])
+            and torch.equal(buf[buf.numel() - _GUARD:], _POOL[hi:hi + _GUARD]))
 
 log = logging.getLogger("swarmfactory.engine")
 
@@ -249,19 +273,15 @@ class NativeLinear(LinearKernel):
             if run.fn is None:
                 outs.append(run.kernel(x).float())
                 continue
-            if audit:  # a guard zone each side of the output
-                buf = torch.full((_GUARD + m * run.rows + _GUARD,), _SENTINEL, dtype=torch.float32)
-                y = buf[_GUARD:_GUARD + m * run.rows].view(m, run.rows)
-            else:
-                y = torch.empty(m, run.rows, dtype=torch.float32)
+            y, guard = guarded(m * run.rows, st["rng"], (m, run.rows))  # audited or not, the call looks the same
             run.fn(run.wq.data_ptr(), xf.data_ptr(), y.data_ptr(), run.rows, self.in_features, m)
-            if audit and not self.audit(run, xf, y, x_before, buf):
+            if audit and not self.audit(run, xf, y, x_before, guard):
                 return self.fallback()(x_before.to(x.dtype))
             outs.append(y)
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return y if self.act_dtype == torch.float32 else y.to(self.act_dtype)
 
-    def audit(self, run: _Run, xf: torch.Tensor, y: torch.Tensor, x_before: torch.Tensor, buf: torch.Tensor) -> bool:
+    def audit(self, run: _Run, xf: torch.Tensor, y: torch.Tensor, x_before: torch.Tensor, guard: tuple) -> bool:
         """The call left its inputs and the memory around its output as they were, and
         AUDIT_ROWS random output rows recomputed from the dequantised weight agree; False (and
         the library dropped, the finding reported) if not."""
@@ -270,7 +290,7 @@ class NativeLinear(LinearKernel):
         m = xf.shape[0]
         if not torch.equal(xf, x_before):
             return self._drop(run, m, "the call changed its inputs (the activations)")
-        if not _guards_intact(buf):
+        if not _guards_intact(guard):
             return self._drop(run, m, "the call wrote outside its outputs")
         rows = sorted(st["rng"].sample(range(run.rows), min(AUDIT_ROWS, run.rows)))
         w = run.dequantize_rows(rows)  # exact in fp32 for every block type
@@ -314,12 +334,11 @@ class NativeLinear(LinearKernel):
             for m in CHECK_ROWS:
                 x = torch.randn(m, k, generator=g).to(self.act_dtype).float()  # values the engine feeds
                 x_before = x.clone()
-                buf = torch.full((_GUARD + m * n + _GUARD,), _SENTINEL, dtype=torch.float32)
-                y = buf[_GUARD:_GUARD + m * n]
+                y, guard = guarded(m * n, self.audit_state["rng"])
                 y.fill_(float("nan"))  # outputs never written stay NaN and fail
                 run.fn(run.wq.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m)
                 where = f"{self.weight.name} [{n} x {k}] ({run.qtype.name}), {m} row(s) of random activations"
-                if not _guards_intact(buf):
+                if not _guards_intact(guard):
                     raise KernelError(f"kernel {self.name!r} failed its check on {where}: it wrote outside its output")
                 if not torch.equal(x, x_before) or not torch.equal(run.wq, wq_before):
                     raise KernelError(f"kernel {self.name!r} failed its check on {where}: it modified its inputs")

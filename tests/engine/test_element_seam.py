@@ -16,7 +16,7 @@ import tiny_models as tm
 from engine_support import THREADS
 
 from swarmfactory.engine.config import ConfigError, EngineConfig
-from swarmfactory.engine.kernels import KernelError
+from swarmfactory.engine.kernels import KernelError, Weight
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 PROMPTS = ["The quick brown fox", "Once upon a time there", "1 2 3 4 5", "Paris is the capital"]
@@ -287,3 +287,34 @@ def test_rope_and_attention_kernels_refused_where_they_cannot_run(models, libs, 
     x = torch.randn(2, 6, eng.model.hd)
     assert k.apply(x, torch.tensor([5, ROPE_MAX_POS]), 0) is None and not k.dropped
     assert k.apply(x, torch.tensor([5, 9]), 0) is not None
+
+
+@pytest.mark.parametrize("tell", [
+    "y[rows * cols] == 1234.5f",                        # a fixed sentinel past the output
+    "y[rows * cols] == y[rows * cols + 1] && y[rows * cols + 1] == y[rows * cols + 2]",  # any constant fill
+])
+def test_a_kernel_that_behaves_only_when_it_sees_a_guard_zone_gains_nothing(models, tmp_path, tell):
+    """A hostile kernel reads past its output to learn whether the call is checked, and is right
+    only then. Every call's output lies between guard zones of random values, audited or not, so
+    what it reads never tells: it is wrong on the load check's calls too and is refused."""
+    so = _bad("rmsnorm", f"if (!({tell})) for (int64_t i = 0; i < cols; i++) y[i] += 0.25f;", tmp_path / "peek.so")
+    with pytest.raises(KernelError, match=r"for the norm op failed its check.*output \[0, "):
+        _engine(models["llama"], {"norm": f"so:{so}"})
+
+
+def test_a_linear_kernel_that_peeks_past_its_output_is_refused_too(tmp_path):
+    from swarmfactory.engine.native.qlinear import random_part
+    from swarmfactory.engine.native_seam import guarded, kernel_class
+
+    q8 = _problem("q8_0_matmul")
+    src = _wrapped("q8_0_matmul", "if (y[n * batch] != 1234.5f) y[0] += 1.0f;")
+    so = _so(src, q8.entry, q8.c_prototype, tmp_path / "peek_q8.so")
+    w = Weight([random_part(QT.Q8_0, 64, 64, seed=7)])
+    with pytest.raises(KernelError, match=r"first at output \[0, 0\]"):
+        kernel_class(so)(w, torch.float32)
+    # the zones differ from call to call: no fixed pattern to learn either
+    import random
+
+    rng = random.Random(0)
+    a, b = guarded(8, rng)[1], guarded(8, rng)[1]
+    assert not torch.equal(a[0][:64], b[0][:64]) and not torch.equal(a[0][:64], a[0][-64:])
