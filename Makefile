@@ -22,14 +22,14 @@ demo: $(STAMP)
 # The engine's instruction-set dependent tests run twice: as this machine is, then masked to an
 # AVX2 machine (no AVX-512, AVX-VNNI or bf16: swarmfactory's choices through SWARMFACTORY_CPU_MASK,
 # torch's own kernels through ATen, oneDNN and MKL's caps), so every CI machine checks the paths
-# AVX2 machines take: the native decoder, its factory matvec and seams, the path probes and calibration, the fp32
+# AVX2 machines take: the native decoder, its factory matvec and seams (the linear and the non-linear ops), the path probes and calibration, the fp32
 # reference and the quantised bounds. (Server, scheduler, CLI and config tests run the same
 # engine code whatever the ISA; they run once.)
 MASK_AVX2 := SWARMFACTORY_CPU_MASK=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 MASKED_TESTS := tests/engine/test_native.py tests/engine/test_native_seam.py tests/engine/test_kernel_seam.py \
 	tests/engine/test_capabilities.py tests/engine/test_calibrate.py tests/engine/test_fp32_reference.py \
 	tests/engine/test_quantized_bounds.py tests/engine/test_native_matvec.py \
-	tests/engine/test_qlinear.py
+	tests/engine/test_qlinear.py tests/engine/test_element_seam.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
