@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-OPS = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", "act": None, "rope": "rope", "attention": "attention_decode"}
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable type made books cheaper "
         "and faster to produce than ever before. Within a few decades, presses had spread across Europe, and the "
         "number of printed works grew from a handful to many thousands, changing how ideas travelled.")
@@ -57,27 +56,27 @@ def build_kernels(model: str, store: str | None, workdir: Path) -> dict[str, str
     from swarmfactory.backends.c import CBackend
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.models import model_class
-    from swarmfactory.engine.native_ops import ACTIVATIONS
+    from swarmfactory.engine.native_ops import families
     from swarmfactory.problems import load_problem
 
-    act = ACTIVATIONS[model_class(load_gguf(model).hparams.architecture).activation_name]
+    ops = families(model_class(load_gguf(model).hparams.architecture).activation_name)
     if store:
-        from swarmfactory import champions
         from swarmfactory.enginefactory import design as D
+        from swarmfactory.enginefactory.records import kernel_champions
         from swarmfactory.evidence.store import Store
 
         st = Store(store, create=False)
         try:
-            have = {p: c for p in D.kernel_problems(model) if (c := champions.current(st, p))}
+            have = kernel_champions(st, model)
         finally:
             st.close()
-        kernels = {op: k for op, k in D.champion_kernels(model, have).items() if op in OPS}
+        kernels = {op: k for op, k in D.champion_kernels(model, have).items() if op in ops}
         if not kernels:
-            sys.exit(f"{store}: no champion of {', '.join(n or act for n in OPS.values())} on this hardware")
+            sys.exit(f"{store}: no champion of {', '.join(ops.values())} on this hardware")
         return kernels
     out = {}
-    for op, name in OPS.items():
-        p = load_problem(name or act)
+    for op, name in ops.items():
+        p = load_problem(name)
         art = CBackend().build(p.render(), p.entry, prototype=p.c_prototype)
         dest = workdir / f"{p.name}.so"
         shutil.copyfile(art.path, dest)

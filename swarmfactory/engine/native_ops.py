@@ -130,6 +130,14 @@ DECLARATIONS = {**{f: (a.declaration, a.argtypes) for f, a in ABI.items()}, "rop
 assert {f for fams in ELEMENT_OPS.values() for f in fams} == set(DECLARATIONS)
 CHECK_ROWS = (1, 5)  # rows per load-check call: one, and an odd few for a kernel's row blocking
 ACTIVATIONS = {"silu": "swiglu", "gelu_tanh": "geglu"}  # the decoder's activation_name -> its problem
+
+
+def families(activation_name: str) -> dict[str, str]:
+    """op -> the problem whose kernel runs it in a model whose FFN gates with ``activation_name``
+    (no ``act`` for an activation no problem computes)."""
+    act = ACTIVATIONS.get(activation_name)
+    return {"norm": "rmsnorm", "add_norm": "add_rmsnorm", **({"act": act} if act else {}), "rope": "rope",
+            "attention": "attention_decode"}
 # The rope problem's domain (problems/suites/cpu/rope.py): positions below MAX_POS (an fp32 angle
 # loses accuracy with the position, and its tolerance is set there), theta within THETA. A call
 # outside it runs the engine's own code: not a fault of the kernel.
@@ -199,11 +207,28 @@ class Audited:
         return KernelError(f"kernel {self.name!r} for the {self.op} op failed its check on {where}: {what}; a "
                            "library that fails it is not served")
 
-    def _buffers(self, n: int, k: int, shape: tuple | None = None) -> tuple[list, list]:
-        """k outputs of n floats (viewed as ``shape``, rows x cols), each between guard zones
-        (``native_seam.guarded``: on every call, audited or not): (the outputs, their guards)."""
+    def _call(self, invoke, inputs: list[torch.Tensor], n: int, k: int, shape: tuple, audit: bool,
+              poison: bool = False, inputs_are: str = "its inputs") -> tuple[list[torch.Tensor], str | None]:
+        """``invoke(outputs)`` on k fresh outputs of n floats viewed as ``shape``, each between guard
+        zones (``native_seam.guarded``: on every call, audited or not, so a kernel cannot tell the
+        two apart). Audited: ``inputs`` must come back unchanged and the guards intact; ``poison``
+        fills the outputs with NaN first (a value never written fails). Returns (the outputs,
+        what was wrong or None); the caller compares the values with its reference."""
         got = [guarded(n, self.audit_state["rng"], shape) for _ in range(k)]
-        return [o for o, _ in got], [g for _, g in got]
+        outs = [o for o, _ in got]
+        if not audit:
+            invoke(outs)
+            return outs, None
+        before = [t.clone() for t in inputs]
+        if poison:
+            for o in outs:
+                o.fill_(float("nan"))
+        invoke(outs)
+        if not all(torch.equal(a, b) for a, b in zip(inputs, before)):
+            return outs, f"the call changed {inputs_are}"
+        if not all(_guards_intact(g) for _, g in got):
+            return outs, "the call wrote outside its outputs"
+        return outs, None
 
 
 class ElementKernel(Audited):
@@ -247,28 +272,22 @@ class ElementKernel(Audited):
         if not rows:
             return [torch.empty(0, cols) for _ in range(self.abi.outs)]
         ins = [t if t.dtype == torch.float32 and t.is_contiguous() else t.to(torch.float32).contiguous() for t in ins]
-        if not self._audit_now((rows, cols)):
-            outs = self._buffers(rows * cols, self.abi.outs, (rows, cols))[0]
-            self._invoke(ins, params, outs, rows, cols, eps)
-            return outs
-        before = [t.clone() for t in (*ins, *params)]
-        flat, bufs = self._buffers(rows * cols, self.abi.outs)
-        self._invoke(ins, params, flat, rows, cols, eps)
-        outs = [o.view(rows, cols) for o in flat]
-        what = self._fault(ins, params, before, bufs, outs, eps,
-                           sorted(self.audit_state["rng"].sample(range(rows), min(AUDIT_ROWS, rows))))
+        audit = self._audit_now((rows, cols))
+        outs, what = self._checked(ins, params, rows, cols, eps, audit)
+        if audit and what is None:
+            what = self._wrong(ins, params, outs, eps,
+                               sorted(self.audit_state["rng"].sample(range(rows), min(AUDIT_ROWS, rows))))
         if what is None:
             return outs
         self._report(self.abi.shape(rows, cols), what)
         return None
 
-    def _fault(self, ins, params, before, bufs, outs, eps, rows: list[int]) -> str | None:
-        """What is wrong with a call (inputs changed, a write outside an output, a row off the
-        fp64 reference), or None."""
-        if not all(torch.equal(a, b) for a, b in zip((*ins, *params), before)):
-            return "the call changed its inputs"
-        if not all(_guards_intact(b) for b in bufs):
-            return "the call wrote outside its outputs"
+    def _checked(self, ins, params, rows: int, cols: int, eps, audit: bool, poison: bool = False):
+        return self._call(lambda outs: self._invoke(ins, params, outs, rows, cols, eps), [*ins, *params],
+                          rows * cols, self.abi.outs, (rows, cols), audit, poison)
+
+    def _wrong(self, ins, params, outs, eps, rows: list[int]) -> str | None:
+        """The first output of ``rows`` off the fp64 reference, or None."""
         sub = [t[rows] for t in ins]
         refs = self.abi.reference(sub, params, eps)
         for i, (got, ref) in enumerate(zip((o[rows] for o in outs), refs)):
@@ -288,12 +307,8 @@ class ElementKernel(Audited):
         for rows, cols in sizes:
             ins = [torch.randn(rows, cols, generator=g) for _ in range(self.abi.ins)]
             params = [1.0 + 0.1 * torch.randn(cols, generator=g) for _ in range(self.abi.params)]
-            before = [t.clone() for t in (*ins, *params)]
-            flat, bufs = self._buffers(rows * cols, self.abi.outs)
-            for o in flat:
-                o.fill_(float("nan"))  # an output never written stays NaN and fails
-            self._invoke(ins, params, flat, rows, cols, eps)
-            what = self._fault(ins, params, before, bufs, [o.view(rows, cols) for o in flat], eps, list(range(rows)))
+            outs, what = self._checked(ins, params, rows, cols, eps, audit=True, poison=True)
+            what = what or self._wrong(ins, params, outs, eps, list(range(rows)))
             if what is not None:
                 raise self._refused(f"{rows} x {cols} random inputs", what)
 
@@ -326,26 +341,17 @@ class RopeKernel(Audited):
                 pos = torch.randint(0, ROPE_MAX_POS, (tokens,), generator=g)
                 pos[0] = ROPE_MAX_POS - 1  # the largest angle
                 for theta in {t for t in thetas if t is not None}:
-                    y, what = self._call(x, pos, theta, audit=True, poison=True)
+                    y, what = self._rope(x, pos, theta, audit=True, poison=True)
                     if what is not None:
                         raise self._refused(f"{tokens} token(s) x {heads} heads x {head_dim}, theta {theta:g}", what)
 
-    def _call(self, x, pos, theta, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
+    def _rope(self, x, pos, theta, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
         tokens, heads, d = x.shape
-        if not audit:
-            [y], _ = self._buffers(tokens * heads * d, 1)
-            self.fn(x.data_ptr(), pos.data_ptr(), y.data_ptr(), tokens, heads, d, theta)
-            return y.view(tokens, heads, d), None
-        before = (x.clone(), pos.clone())
-        [flat], bufs = self._buffers(tokens * heads * d, 1)
-        if poison:
-            flat.fill_(float("nan"))
-        self.fn(x.data_ptr(), pos.data_ptr(), flat.data_ptr(), tokens, heads, d, theta)
-        y = flat.view(tokens, heads, d)
-        if not (torch.equal(x, before[0]) and torch.equal(pos, before[1])):
-            return y, "the call changed its inputs"
-        if not _guards_intact(bufs[0]):
-            return y, "the call wrote outside its output"
+        [y], what = self._call(lambda o: self.fn(x.data_ptr(), pos.data_ptr(), o[0].data_ptr(), tokens, heads, d, theta),
+                               [x, pos], tokens * heads * d, 1, (tokens, heads * d), audit, poison)
+        y = y.view(tokens, heads, d)
+        if not audit or what is not None:
+            return y, what
         rows = sorted(self.audit_state["rng"].sample(range(tokens), min(AUDIT_ROWS, tokens))) if not poison \
             else list(range(tokens))
         ref = _rope_ref(x[rows], pos[rows], theta)
@@ -368,7 +374,7 @@ class RopeKernel(Audited):
         x = x.to(torch.float32).contiguous()
         pos = pos.to(torch.int64).contiguous()
         tokens, heads, d = x.shape
-        y, what = self._call(x, pos, theta, audit=self._audit_now((heads, d, tokens)))
+        y, what = self._rope(x, pos, theta, audit=self._audit_now((heads, d, tokens)))
         if what is None:
             return y
         self._report({"tokens": tokens, "heads": heads, "head_dim": d}, what)
@@ -390,27 +396,18 @@ class AttentionKernel(Audited):
             for seq in CHECK_SEQ:
                 q = torch.randn(group, head_dim, generator=g)
                 k, v = torch.randn(seq, head_dim, generator=g), torch.randn(seq, head_dim, generator=g)
-                what = self._call(q, k, v, audit=True, poison=True)[1]
+                what = self._attend(q, k, v, audit=True, poison=True)[1]
                 if what is not None:
                     raise self._refused(f"{group} query head(s), {seq} key(s) of {head_dim}", what)
 
-    def _call(self, q, k, v, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
+    def _attend(self, q, k, v, audit: bool, poison: bool = False) -> tuple[torch.Tensor, str | None]:
         G, D = q.shape
         seq = k.shape[0]
-        if not audit:
-            [out], _ = self._buffers(G * D, 1)
-            self.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 1, G, 1, seq, D, self.scale)
-            return out.view(G, D), None
-        before = (q.clone(), k.clone(), v.clone())
-        [flat], bufs = self._buffers(G * D, 1)
-        if poison:
-            flat.fill_(float("nan"))
-        self.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), flat.data_ptr(), 1, G, 1, seq, D, self.scale)
-        out = flat.view(G, D)
-        if not all(torch.equal(a, b) for a, b in zip((q, k, v), before)):
-            return out, "the call changed its inputs (the query or the KV cache)"
-        if not _guards_intact(bufs[0]):
-            return out, "the call wrote outside its output"
+        [out], what = self._call(
+            lambda o: self.fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), o[0].data_ptr(), 1, G, 1, seq, D, self.scale),
+            [q, k, v], G * D, 1, (G, D), audit, poison, "its inputs (the query or the KV cache)")
+        if not audit or what is not None:
+            return out, what
         p = ((q.double() @ k.double().T) * self.scale).softmax(-1)
         ref = p @ v.double()
         err = (out.double() - ref).abs()
@@ -442,7 +439,7 @@ class AttentionKernel(Audited):
                     v = torch.cat([vh[start:], vh[: start + length - capacity]])
                 qh = qs[i, h].contiguous()
                 audit = self._audit_now((G, D, length.bit_length()))
-                o, what = self._call(qh, k, v, audit)
+                o, what = self._attend(qh, k, v, audit)
                 if what is not None:
                     self._report({"batch": 1, "heads": G, "kv_heads": 1, "seq": length, "head_dim": D}, what)
                     return None
@@ -541,7 +538,7 @@ def resolve_one(op: str, spec: str, supply: KernelSupply | None = None) -> type[
             built = supply.build(spec, DECLARATIONS[family][0])
         except UnavailableKernel as e:
             raise KernelError(str(e)) from None
-        lib = _load(built.path, spec, _sha256(built.path), (family,), abi=_abi_table((family,)), origin=built.origin,
+        lib = _load(built.path, spec, _sha256(built.path), (family,), abi=abi, origin=built.origin,
                     candidate=built.candidate, speedup=built.speedup, problem=ref.target)
     return _class(op, lib, _checks_on(), supply.on_wrong)
 

@@ -122,16 +122,14 @@ def element_problems(model: str | None) -> dict[str, list[str]]:
     (the activation the model's FFN uses: ``swiglu`` or ``geglu``)."""
     from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
     from swarmfactory.engine.models import model_class
-    from swarmfactory.engine.native_ops import ACTIVATIONS
+    from swarmfactory.engine.native_ops import families
     from swarmfactory.problems.derive import registered, slug
 
     path = resolve_model_path(model)
     stem = slug(path.stem)
-    act = ACTIVATIONS.get(model_class(load_gguf(path).hparams.architecture).activation_name)
-    families = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", **({"act": act} if act else {}), "rope": "rope",
-                "attention": "attention_decode"}
+    ops = families(model_class(load_gguf(path).hparams.architecture).activation_name)
     return {op: [p for p in (f"{f}.{stem}", f) if "." not in p or registered(p) is not None]
-            for op, f in families.items()}
+            for op, f in ops.items()}
 
 
 def champion_kernels(model: str | None, champions: dict[str, str]) -> dict[str, str]:

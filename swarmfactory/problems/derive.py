@@ -57,7 +57,6 @@ MAX_ELEMENTS = 1 << 22  # a derived matmul shape's weight elements at most (the 
 # GGUF block types with a family problem (``<type>_matmul``); dense types run on torch's sgemm.
 MATMUL_FAMILIES = {"Q4_0": "q4_0_matmul", "Q4_1": "q4_1_matmul", "Q5_0": "q5_0_matmul", "Q8_0": "q8_0_matmul",
                    "Q4_K": "q4_k_matmul", "Q5_K": "q5_k_matmul", "Q6_K": "q6_k_matmul"}
-ACTIVATIONS = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 
 class DeriveError(ValueError):
@@ -176,6 +175,7 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     """The derived problems (and the uncovered ops) of the GGUF at ``path`` under ``scenario``."""
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.models.decoder import head_weight, op_weights
+    from swarmfactory.engine.native_ops import ACTIVATIONS  # the engine's activation -> its problem
 
     scenario = scenario or Scenario()
     path = Path(path)

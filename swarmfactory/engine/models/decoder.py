@@ -20,8 +20,8 @@ subclass in a module of its own (``models/ARCH.py``) that sets what differs:
 - ``block_step``: whether the native block step (``native/qstep.c``) computes it: true for any
   architecture that only sets the hooks above; one that overrides ``forward`` sets it False.
 
-The non-linear ops (the norms, the residual add with the norm after it, the gated activation) go
-through ``self.ops``: the engine's own code (``TorchOps``), or a kernel-factory kernel where the
+The non-linear ops (the norms, the residual add with the norm after it, the gated activation,
+RoPE; decode attention in ``_decode_attention``) go through ``self.ops``: the engine's own code (``TorchOps``), or a kernel-factory kernel where the
 config names one (``native_ops.py``; ``classes`` holds it under its op key).
 
 q, k and v biases are added wherever the file has them. RMSNorm weights are used as stored: a
@@ -39,7 +39,7 @@ from ..config import EngineConfig
 from ..gguf_loader import GGUFModel
 from ..kernels import Dense, Linear, Weight, build_linear
 from ..kv_cache import KVCache, ring_positions
-from ..native_ops import ACTIVATIONS, CHECK_ROWS, ROPE_THETA, ElementOps
+from ..native_ops import CHECK_ROWS, ROPE_THETA, ElementOps, families
 from .rope import Rope
 from .step import PrefillChunk, StepInput
 
@@ -129,18 +129,17 @@ class Decoder:
     def _element_ops(self, classes: dict) -> ElementOps:
         """The non-linear ops: a named kernel per op (checked here on this model's sizes), the
         engine's own code for the others."""
-        hp, rows = self.hp, CHECK_ROWS
-        families = {"norm": "rmsnorm", "add_norm": "add_rmsnorm", "act": ACTIVATIONS[self.activation_name]}
+        hp, rows, fam = self.hp, CHECK_ROWS, families(self.activation_name)
         sizes = {"norm": [(r, hp.dim) for r in rows] + ([(r * self.n_heads, self.hd) for r in rows]
                                                         if self.qk_norm else []),
                  "add_norm": [(r, hp.dim) for r in rows], "act": [(r, hp.ffn_dim) for r in rows]}
-        made = {op: cls(families[op], sizes[op], self.eps) for op, cls in classes.items() if op in families}
+        made = {op: cls(fam[op], sizes[op], self.eps) for op, cls in classes.items() if op in sizes}
         if "rope" in classes:  # the sets the rope problem computes: plain theta frequencies in its range
             thetas = [r.theta if r.factors is None and r.linear == 1.0 and ROPE_THETA[0] <= r.theta <= ROPE_THETA[1]
                       else None for r in self.ropes]
-            made["rope"] = classes["rope"]("rope", self.n_heads + self.n_kv, self.hd, thetas)
+            made["rope"] = classes["rope"](fam["rope"], self.n_heads + self.n_kv, self.hd, thetas)
         if "attention" in classes:
-            made["attention"] = classes["attention"]("attention_decode", self.group, self.hd, self.scale)
+            made["attention"] = classes["attention"](fam["attention"], self.group, self.hd, self.scale)
         return ElementOps(TorchOps(), made)
 
     # -- hooks (see the module docstring) ------------------------------------------------------
