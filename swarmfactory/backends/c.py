@@ -22,6 +22,7 @@ from pathlib import Path
 from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError, Language
 from swarmfactory.backends.cstatic import check_assembly, check_preprocessed, check_source
 from swarmfactory.backends.elfcheck import load_time_code
+from swarmfactory.hardware import cache_dir as hardware_cache_dir
 from swarmfactory.hardware import cpu_fingerprint, march_flags
 
 # Every library is linked without the C runtime's start files (no _init, no frame_dummy in
@@ -37,9 +38,7 @@ BUILD_TIMEOUT_S = 120
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SWARMFACTORY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swarmfactory")
-    path = Path(root) / "build"
+    path = hardware_cache_dir() / "build"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

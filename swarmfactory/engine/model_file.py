@@ -30,9 +30,9 @@ def model_id(path: str | Path) -> str:
 
 
 def digest_cache() -> Path:
-    from .calibrate import cache_root  # the engine's one cache root
+    from swarmfactory.hardware import cache_dir
 
-    return cache_root().parent / "model-digests.json"
+    return cache_dir() / "model-digests.json"
 
 
 def sha256(path: str | Path) -> str:

@@ -264,11 +264,11 @@ class ServingRunner:
     def open(self, model_path: Path, deadline: float, log: Callable[[str], None]) -> None:
         """The HF fp32 reference for ``model_path`` (computed here once per model file, a run with
         no time left only closes) and a work directory for the designs' configs."""
-        from swarmfactory.engine.calibrate import cache_root
+        from swarmfactory.hardware import cache_dir
 
         from .verify import reference_path
 
-        cache = cache_root().parent / "engine-reference"
+        cache = cache_dir() / "engine-reference"
         self.reference = reference_path(model_path, cache)
         if not self.reference.exists() and deadline > time.monotonic():
             log(f"reference: HF transformers fp32 on {model_path.name} (once per model file, ~30 s)")

@@ -37,17 +37,13 @@ SUFFIX = ".pending.jsonl"
 _MARK = "replayed:"
 
 
-def cache_root() -> Path:
-    return cache_dir()
-
-
 class Journal:
     """The journal files of the store at ``url`` (``sqlite_path``: its file, for a SQLite store)."""
 
     def __init__(self, url: str, sqlite_path: str | None = None):
         name = hashlib.sha256(redact(url).encode()).hexdigest()[:16] + SUFFIX  # the same after a password change
         beside = [Path(sqlite_path + SUFFIX)] if sqlite_path and sqlite_path != ":memory:" else []
-        self.paths = beside + [cache_root() / "pending" / name,
+        self.paths = beside + [cache_dir() / "pending" / name,
                                Path(tempfile.gettempdir()) / f"swarmfactory-pending-{os.getuid()}" / name]
         self.failure: str | None = None  # why the store did not take a write: from then on they come here
         self.kept = 0                 # lines this process kept

@@ -157,10 +157,9 @@ def beaten(roofs: dict, nbytes: float, flops: float, seconds: float) -> bool:
 
 
 def _cache_path(hardware_id: str, threads: int):
-    from pathlib import Path
+    from swarmfactory.hardware import cache_dir
 
-    root = os.environ.get("SWARMFACTORY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "swarmfactory")
-    return Path(root) / "roofs" / f"{hardware_id}-{threads}.json"
+    return cache_dir() / "roofs" / f"{hardware_id}-{threads}.json"
 
 
 def _reusable(record: dict | None, measured_at: float | None) -> bool:

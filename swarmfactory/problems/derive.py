@@ -327,10 +327,10 @@ def problem_from_spec(spec: dict):
 
 
 def registry_dir() -> Path:
-    """``derived/`` under the engine's cache root (beside its calibrations and model digests)."""
-    from swarmfactory.engine.calibrate import cache_root
+    """``derived/`` under the cache directory (beside the calibrations and model digests)."""
+    from swarmfactory.hardware import cache_dir
 
-    return cache_root().parent / "derived"
+    return cache_dir() / "derived"
 
 
 def register(derivation: Derivation) -> Path:
