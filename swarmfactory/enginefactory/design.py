@@ -285,26 +285,32 @@ def torch_path(knobs: dict) -> bool:
     return knobs["native_decode"] == 0 or knobs["kv_dtype"] != "fp32" or knobs.get("kernels") == "champion"
 
 
-def batch_invariant(knobs: dict) -> bool:
+def batch_invariant(knobs: dict, weights: str = "q4_1") -> bool:
     """Whether every row of a step is computed by the same operations whatever else is in the
-    step: the native decoder for every decode batch and every prompt chunk, or torch for
+    step. bf16 and fp32 weights (one dense matmul per op, no path to switch): exact decode
+    attention. q4_1: the native decoder for every decode batch and every prompt chunk, or torch for
     everything with one kernel per op (no dense copies: torch's int4 kernel, or the kernel
     factory's champion) and exact decode attention (each sequence over its own context, not
     padded to the longest in the step). A q4_1 design that mixes paths by batch size, or pads
     attention, gives a sequence different tokens at near ties under load (verify.py catches it
     when one falls in its prompts: with a factory kernel on every Q4_1 op and padded attention,
     prompt 2 diverged at token 8 batched on a Zen 4)."""
+    if weights != "q4_1":
+        return knobs.get("attention", "padded") == "exact"
     if torch_path(knobs):
         return knobs["dense"] == "none" and knobs.get("attention", "padded") == "exact"
     return (knobs["native_decode"] is not None and knobs["native_decode"] >= knobs["max_batch"]
             and knobs["native_prefill"] is not None and knobs["native_prefill"] >= knobs["prefill_chunk"])
 
 
-def make_invariant(knobs: dict, rng: random.Random) -> dict:
-    """The nearest batch-invariant design: all native (decode batch up to max_batch, every
-    prompt chunk) or all int4."""
+def make_invariant(knobs: dict, rng: random.Random, weights: str = "q4_1") -> dict:
+    """The nearest batch-invariant design: for q4_1 all native (decode batch up to max_batch,
+    every prompt chunk) or all int4; for bf16 and fp32 exact attention."""
     k = dict(knobs)
-    if batch_invariant(k):
+    if batch_invariant(k, weights):
+        return k
+    if weights != "q4_1":
+        k["attention"] = "exact"
         return k
     if k.get("kernels") == "champion":  # the champion for every row: no dense copies, exact attention
         k.update(dense="none", attention="exact")

@@ -162,7 +162,7 @@ class Proposer:
         return list(pool.values())
 
     def _ask_llm(self, measured: list[Entry], seen: set[str]) -> None:
-        """Queue the design LLM's finished proposals (valid, new, and for q4_1 batch invariant)
+        """Queue the design LLM's finished proposals (valid, new and batch invariant)
         and start its next call; it never waits for the model."""
         if self.llm is None:
             return
@@ -174,7 +174,7 @@ class Proposer:
                 continue
             if not self._is_new(design, seen):
                 continue
-            if self.space.base.weights == "q4_1" and not D.batch_invariant(design.knobs):
+            if not D.batch_invariant(design.knobs, self.space.base.weights):
                 self.log(f"{self.llm.name}: proposal dropped: not batch invariant ({design.describe()})")
                 continue
             self.rationale[design.key] = prop.rationale
@@ -196,8 +196,7 @@ class Proposer:
             if self.space.fixed.get(knob) or any(e.design.knobs.get(knob) == "champion" for e in entries):
                 continue
             knobs = {**best.design.knobs, knob: "champion"}
-            if self.space.base.weights == "q4_1":
-                knobs = D.make_invariant(knobs, self.rng)
+            knobs = D.make_invariant(knobs, self.rng, self.space.base.weights)
             try:
                 design = self.space.build(knobs)
             except ConfigError:  # a combination the engine refuses

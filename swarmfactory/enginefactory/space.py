@@ -4,8 +4,8 @@
 file, one serving target: ``name``, ``spec_hash()``) and what the agents search
 (``problems/space.py`` ``SearchSpace``): the knobs declared on ``EngineConfig`` (design.py
 ``knob_table``), those the deployment fixes (``--set``) narrowed to their one value, validity
-(the engine accepts the design and, for q4_1 weights, it is batch invariant: the only designs the
-tune measures besides the default) and render (a setting -> its ``Design``). So the knob,
+(the engine accepts the design and it is batch invariant, ``design.batch_invariant``: the only
+designs the tune measures besides the default) and render (a setting -> its ``Design``). So the knob,
 crossover, random-restart and model-guided agents propose designs as they propose kernels;
 ``InvariantAgent`` adds the engine's own family, batch-invariant designs drawn at random.
 """
@@ -87,7 +87,7 @@ class EngineSpace:
             design = self.build(knobs)
         except ConfigError:
             return False
-        return self.base.weights != "q4_1" or D.batch_invariant(design.knobs)
+        return D.batch_invariant(design.knobs, self.base.weights)
 
     def render(self, knobs: Mapping[str, Any] | None = None) -> D.Design:
         return self.build(knobs or {})
@@ -95,7 +95,7 @@ class EngineSpace:
 
 class InvariantAgent(Agent):
     """Batch-invariant designs drawn at random (design.py ``make_invariant`` of a uniform draw):
-    for q4_1 the only designs the tune measures, so the search reaches them however the other
+    the only designs the tune measures, so the search reaches them however the other
     agents fare."""
 
     name = "invariant"
@@ -105,7 +105,8 @@ class InvariantAgent(Agent):
         for _ in range(MAX_TRIES):
             if len(out) >= n:
                 break
-            knobs = D.make_invariant({k: rng.choice(list(v)) for k, v in board.problem.knobs.items()}, rng)
+            knobs = D.make_invariant({k: rng.choice(list(v)) for k, v in board.problem.knobs.items()}, rng,
+                                     board.problem.base.weights)
             prop = knob_proposal(board, knobs, self.name, "sample", [])
             if prop and all(prop.knobs != o.knobs for o in out):
                 out.append(prop)

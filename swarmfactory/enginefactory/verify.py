@@ -7,9 +7,10 @@ computed once per model file and cached (``reference``). A design passes when
 - fp32: its greedy tokens equal the reference's, prompt by prompt;
 - bf16 / q4_1: its logits over the fixed text stay within the bounds of docs/engine.md
   (``BOUNDS``: max and mean absolute logit error, perplexity change, top-1 agreement);
-- every format: each prompt's tokens are the same alone, batched with the others, and under
-  continuous batching (requests joining mid-flight, another aborted), so serving load never
-  changes an answer;
+- every format: each prompt's tokens are the same alone, batched with the others, under
+  continuous batching (requests joining mid-flight, another aborted) and under load (``_under_load``:
+  among enough other requests to cross every size at which the design changes path or kernel),
+  so serving load never changes an answer;
 - and no kernel-factory kernel of the design was caught by the engine's audit meanwhile
   (engine/audit.py): the engine would have replaced its outputs, so the checks above would
   have judged the engine's own kernels, not the design.
@@ -169,6 +170,48 @@ def _continuous(engine, ids: list[list[int]]) -> list[list[int]]:
     return [list(s.output_ids) for s in seqs]
 
 
+def load_plan(engine, n_prompts: int) -> tuple[int, int]:
+    """(other requests, the long one's prompt tokens) for ``_under_load``: enough requests that a
+    decode step has more rows than the native decoder takes, than any op's dense threshold and
+    than 8 + the prompts (within the engine's batch), and one prompt longer than a chunk and than
+    the native decoder's prompt tokens."""
+    paths = engine.paths
+    limit = max([paths.native_decode, *paths.dense_above.values(), 8 + n_prompts - 1])
+    others = max(0, min(engine.scheduler.max_batch - n_prompts, limit + 2 - n_prompts))
+    long = max(engine.config.prefill_chunk, paths.native_prefill) + 17
+    return others, min(long, engine.max_seq_len - NEW_TOKENS - 9)
+
+
+def _under_load(engine, ids: list[list[int]]) -> list[list[int]]:
+    """The prompts served among other requests (``load_plan``): half of them decoding when the
+    prompts arrive, a long prompt queued just before them (so their prompts are cut at other
+    chunk boundaries than alone and a step carries more prompt tokens than the native decoder
+    takes), the other half queued after them. A design whose path, kernel or numbers change with
+    the size of a step shows it here, where four prompts alone never reach those sizes."""
+    from swarmfactory.engine.sequence import SamplingParams, Status
+
+    others, long = load_plan(engine, len(ids))
+    text = ppl_ids(engine.tokenizer)
+    text = (text * (long // max(1, len(text)) + 2)) if text else [0]
+    fill = [text[(7 * i) % 97:(7 * i) % 97 + 3 + (11 * i) % 29] for i in range(others)]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    longer = SamplingParams(max_tokens=NEW_TOKENS + 8, temperature=0.0, ignore_eos=True)  # outlast the prompts
+    load = [engine.add_request(f, longer) for f in fill[: others // 2]]
+    for _ in range(2):
+        engine.step()
+    if others:
+        load.append(engine.add_request(text[:long], longer))
+    seqs = [engine.add_request(i, params) for i in ids]
+    load += [engine.add_request(f, longer) for f in fill[others // 2 + 1:]]
+    try:
+        while any(s.status is not Status.FINISHED for s in seqs):
+            engine.step()
+    finally:
+        for s in load:
+            engine.abort(s)
+    return [list(s.output_ids) for s in seqs]
+
+
 def verify(engine, ref: dict) -> Check:
     """Run every check of the module docstring on a loaded engine; the first failure wins, except
     that a kernel the engine's audit caught is the verdict whatever else failed (the outputs
@@ -233,11 +276,13 @@ def _checks(engine, ref: dict) -> Check:
         if bad:
             return bad
         evidence["tokens_equal_fp32"] = sum(a == r for a, r in zip(alone, ref["tokens"]))
-    for name, run in (("batched vs alone", _greedy), ("continuous batching vs alone", _continuous)):
+    for name, run in (("batched vs alone", _greedy), ("continuous batching vs alone", _continuous),
+                      ("under load vs alone", _under_load)):
         bad = _compare(name, run(engine, ids), alone, tok, "alone gave")
         if bad:  # what passed before it stays in the evidence (the logit bounds)
             bad.evidence = {**evidence, **bad.evidence}
             return bad
     checks = ["fp32 tokens = HF" if weights == "fp32" else "logit bounds", "batched = alone",
-              "continuous batching with join/abort = alone"]
+              "continuous batching with join/abort = alone",
+              "under load (%d other requests, one of %d prompt tokens) = alone" % load_plan(engine, len(ids))]
     return Check(True, f"{len(ids)} prompts x {NEW_TOKENS} tokens: " + ", ".join(checks), evidence)

@@ -43,6 +43,11 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
         d = D.build(k, base, {"q4_1_matmul": "0123abcd", "q4_1_packed_matvec": "4567cdef"})  # every invariant design is a config the engine accepts
         keys.add(d.key)
     assert len(keys) > 20
+    # bf16 and fp32 weights: one dense matmul per op, so exact attention is what invariance takes
+    for weights in ("bf16", "fp32"):
+        d = D.build(D.make_invariant({"attention": "padded", "max_batch": 64}, rng, weights), EngineConfig(weights=weights))
+        assert d.config.attention == "exact" and D.batch_invariant(d.knobs, weights)
+        assert not D.batch_invariant(D.build({}, EngineConfig(weights=weights)).knobs, weights)  # padded
     with pytest.raises(ConfigError, match="unknown design knob"):
         D.build({"warp_size": 32}, base)
     with pytest.raises(ConfigError, match="max_batch=7"):
@@ -159,6 +164,48 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
     assert not check.ok
     assert check.evidence["check"] in ("batched vs alone", "continuous batching vs alone"), check.detail
     assert "diverged at token" in check.detail
+
+
+def test_a_kernel_wrong_only_at_step_sizes_that_light_checks_never_reach_is_caught_under_load(reference):
+    """The four prompts alone, batched and joining mid-flight produce a handful of step sizes; a
+    design that changes path (or a kernel that is wrong) only at bigger steps passes all of those.
+    The under-load check serves the prompts among enough other requests to cross the design's
+    limits, and catches it."""
+    from swarmfactory.engine import Engine
+    from swarmfactory.engine.kernels import Dense, register_kernel
+    from swarmfactory.enginefactory.verify import _continuous, _greedy, _under_load, load_plan, prompt_ids
+
+    ref, _ = reference
+    seen: set[int] = set()
+    wrong_at: set[int] = set()
+
+    class RecordsThenWrongElsewhere(Dense):  # records the light checks' step sizes, then is wrong at any other
+        name = "test_wrong_at_unseen_sizes"
+
+        def __call__(self, x):
+            y = super().__call__(x)
+            if not wrong_at:
+                seen.add(x.shape[0])
+                return y
+            return y if x.shape[0] in seen else y * 1.05
+
+    register_kernel(RecordsThenWrongElsewhere)
+    eng = Engine(EngineConfig(weights="fp32", threads=THREADS, max_batch=16, max_seq_len=1024,
+                              kernels={"gate_up": "test_wrong_at_unseen_sizes"}))
+    ids = prompt_ids(eng.tokenizer)
+    alone = [_greedy(eng, [i])[0] for i in ids]
+    assert _greedy(eng, ids) == alone and _continuous(eng, ids) == alone  # recording: right everywhere
+    others, long = load_plan(eng, len(ids))
+    assert others + len(ids) > 8 + len(ids) - 1 and long > eng.config.prefill_chunk
+    wrong_at.add(True)
+    # the light checks still pass: they reach only the sizes recorded
+    assert _greedy(eng, ids) == alone and _continuous(eng, ids) == alone
+    check = verify(eng, ref)
+    assert not check.ok
+    assert check.evidence["check"] == "under load vs alone", check.detail
+    assert "diverged at token" in check.detail
+    # the engine is left clean: no request of the load is still queued or running
+    assert not eng.has_unfinished() and eng.kv.free_slots == 16
 
 
 # -- kernels from the kernel factory -----------------------------------------------------------------
