@@ -39,7 +39,7 @@ from swarmfactory.evidence.quality import weight
 from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.evidence.store import Store, StoreWriteError
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.outcome import Outcome, Verdict
+from swarmfactory.outcome import CORRECT, Outcome, Verdict
 from swarmfactory.knowledge.analyst import Analyst
 from swarmfactory.knowledge.costmodel import evidence_rows
 from swarmfactory.knowledge.priors import Knowledge, knowledge_for
@@ -532,8 +532,11 @@ class Coordinator(Factory):
         if self.adversary is None:
             return
         retained = rank_by_best((e.candidate_id, e.speedup) for e in st.entries if e.correct)
+        # passed verification, speed not known yet (measured on a busy machine, to be measured
+        # again): retained as much as a measured one, so attacked too, after the measured ones
+        unmeasured = [e.candidate_id for e in reversed(st.entries) if e.outcome in CORRECT and not e.correct]
         ids = list(dict.fromkeys(([st.champion.candidate_id] if st.champion else [])
-                                 + [cid for cid, _ in retained]))[:ADVERSARY_TARGETS]
+                                 + [cid for cid, _ in retained] + unmeasured))[:ADVERSARY_TARGETS]
         targets = [c for c in (self.store.candidate(i) for i in ids) if c]
         if not targets:
             return

@@ -91,6 +91,32 @@ def test_a_dethroned_champion_is_replaced_by_the_next_correct_candidate(tmp_path
                for e in store.evaluations(candidate_id=fast_buggy["id"]))
 
 
+@pytest.mark.skipif(not __import__("swarmfactory.contention", fromlist=["x"]).pressure_available(),
+                    reason="no CPU pressure information (PSI) on this kernel")
+def test_candidates_a_busy_machine_could_not_time_still_face_the_adversary(tmp_path, monkeypatch, cpu_hogs):
+    """Busy loops on the measurement CPU for the whole run: every candidate passes verification
+    but is `inconclusive` (its timing disturbed), so nothing is measured and nothing crowned. It
+    is still retained (measured again later, crowned if it wins then), so the adversary attacks it
+    before the run ends; the buggy seed's case is found on a machine that could time nothing."""
+    import os
+
+    from swarmfactory.harness import rounds
+    from swarmfactory.swarm import coordinator
+
+    monkeypatch.setattr(coordinator, "RETRY_AFTER_S", 3600.0)   # no retry within the run
+    monkeypatch.setattr(rounds, "WAIT_TOTAL_S", 2.0)  # the hogs never stop: do not wait for them long
+    store = Store(str(tmp_path / "e.db"))
+    cfg = RunConfig.build(problems=str(DATA / "planted_problem.py"), budget=2, rounds=3, parallel=2,
+                          compile_baselines=False, agents="seed,random-restart,adversary",
+                          remeasure_champions=False)
+    with cpu_hogs(sorted(os.sched_getaffinity(0))[-1], 2):
+        run_id = Coordinator(cfg, store).run()
+    evs = [e for e in store.evaluations(run_id=run_id) if e.purpose == "search"]
+    assert evs and all(e.outcome == "inconclusive" for e in evs), [(e.outcome, e.detail[:80]) for e in evs]
+    found = store.found_cases("rmsnorm")
+    assert found and all(r.found_by == "adversary" and r.shape["rows"] > 1024 for r in found)
+
+
 def test_a_run_with_the_adversary_dethrones_a_buggy_champion_and_the_cases_outlive_it(tmp_path):
     store = Store(str(tmp_path / "e.db"))
     cfg = RunConfig.build(problems=str(DATA / "planted_problem.py"), budget=4, rounds=3, parallel=1,
