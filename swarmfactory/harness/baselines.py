@@ -149,8 +149,9 @@ class BaselinePool:
     def set_inputs(self, problem: Problem, name: str, mode: str, slot: str, inputs: dict, shape,
                    threads: int | None = None) -> BaselineHandle:
         w = self.worker(problem, name, mode, threads)
-        w.request({"op": "set", "slot": slot, "inputs": inputs,
-                   "out_shapes": problem.output_shapes(shape)}, self.timeout, "baseline setup")
+        reply = w.request({"op": "set", "slot": slot, "inputs": inputs,
+                           "out_shapes": problem.output_shapes(shape)}, self.timeout, "baseline setup")
+        w.native = bool(reply.get("native"))  # the engine's own C, timed in a C loop: no Python dispatch
         return w
 
     def choose(self, problem: Problem, shape, compile_too: bool, samples: int = 5) -> dict:
@@ -176,13 +177,14 @@ class BaselinePool:
                         if key in self.workers:
                             self.workers[key].freeze()
                     results.append({"name": name, "mode": mode, "threads": threads,
-                                    "us": float(np.median(times)) / 1e3, "within_tolerance": bad is None})
+                                    "us": float(np.median(times)) / 1e3, "within_tolerance": bad is None,
+                                    "native": w.native})
         timed = [r for r in results if "us" in r]
         if not timed:
             raise RuntimeError(f"no baseline of {problem.name} runs here: {results}")
         best = min(timed, key=lambda r: r["us"])
         return {"name": best["name"], "mode": best["mode"], "threads": best["threads"], "us": best["us"],
-                "environment": "default (no OpenMP wait policy)", "all": results}
+                "native": best["native"], "environment": "default (no OpenMP wait policy)", "all": results}
 
     def close(self) -> None:
         with self.lock:

@@ -399,7 +399,8 @@ class Harness:
                 w.freeze()
         return {"shape": dict(shape), "group": group, "mode": mode, "slots": slots, "choice": choice,
                 "per_call": per_call, "window_s": window_ns * 1e-9,
-                "dispatch_ns": self._dispatch_ns(workers["baseline"], timeout),
+                # a native baseline's calls run in a C loop: no Python dispatch to take off
+                "dispatch_ns": None if workers["baseline"].native else self._dispatch_ns(workers["baseline"], timeout),
                 "workers": workers, "iters": iters, "times": {"candidate": [], "baseline": [], "reference": []}}
 
     def close(self) -> None:
@@ -430,4 +431,5 @@ def measure_exchange(backend, cpus: list[int], n: int = 30) -> float:
 
 def _baseline_label(choice: dict) -> str:
     threads = choice.get("threads")
-    return f"{choice['name']} ({choice['mode']}{f', {threads} threads' if threads else ''})"
+    how = "the engine's own C in a C loop" if choice.get("native") else choice["mode"]
+    return f"{choice['name']} ({how}{f', {threads} threads' if threads else ''})"

@@ -398,13 +398,16 @@ def knob_key(knobs: dict[str, Any] | None) -> str:
     return "" if knobs is None else repr(sorted(knobs.items()))
 
 
-LOWER_PRECISION = ("_bf16", "_int8")  # baseline name suffixes of lower-precision competitors
+# baseline name suffixes of lower-precision competitors: bf16 activations, 8-bit activations, and
+# approximate math (the engine's own element ops: a polynomial exp clamped at +-88, one-pass fp32
+# sums; engine/native/element_ops.py), right on the workload but not to fp32 on extreme inputs
+LOWER_PRECISION = ("_bf16", "_int8", "_approx")
 
 
 def lower_precision(baseline: str) -> bool:
     """Whether the baseline named so is a lower-precision competitor (bf16 activations, 8-bit
-    activations): timed as a yardstick, never the fp32 bound on a candidate's error, and checked
-    to its own precision."""
+    activations, approximate math): timed as a yardstick, never the fp32 bound on a candidate's
+    error, and checked to its own precision."""
     return baseline.endswith(LOWER_PRECISION)
 
 

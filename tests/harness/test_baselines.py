@@ -47,6 +47,30 @@ def test_the_chosen_baseline_records_its_settings():
     assert {r["threads"] for r in record["all"]} == set(thread_counts(len(os.sched_getaffinity(0))))
 
 
+def test_the_engines_own_element_op_is_a_yardstick_timed_in_a_c_loop():
+    """rmsnorm's second baseline is the engine's block-step code (engine/native/element_ops.py):
+    timed at every thread count through its C loop (no Python dispatch), with no torch.compile
+    form, and marked native in the record; torch's is not."""
+    from swarmfactory.harness.evaluate import _baseline_label
+    from swarmfactory.problems.spec import lower_precision
+
+    p = load_problem("rmsnorm")
+    assert "engine_block_step_approx" in p.baselines and lower_precision("engine_block_step_approx")
+    pool = BaselinePool(sorted(os.sched_getaffinity(0)))
+    try:
+        record = pool.choose(p, p.workload[0], compile_too=True, samples=2)
+    finally:
+        pool.close()
+    engine = [r for r in record["all"] if r["name"] == "engine_block_step_approx"]
+    timed = [r for r in engine if "us" in r]
+    assert {r["threads"] for r in timed} == set(thread_counts(len(os.sched_getaffinity(0))))
+    assert all(r["mode"] == "eager" and r["native"] and r["within_tolerance"] for r in timed)
+    assert all("no torch.compile form" in r["error"] for r in engine if r["mode"] == "compile")
+    assert all(not r["native"] for r in record["all"] if r["name"] == "F.rms_norm" and "us" in r)
+    if record["name"] == "engine_block_step_approx":
+        assert record["native"] and "C loop" in _baseline_label(record)
+
+
 def test_one_worker_serves_a_baseline_at_every_thread_count_and_the_pool_keeps_its_budget():
     cpus = sorted(os.sched_getaffinity(0))
     pool = BaselinePool(cpus, max_workers=2)

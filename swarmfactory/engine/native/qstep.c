@@ -320,3 +320,81 @@ int sf_qstep(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const
     q_step(Q, B, x_in, slot, pos, n_out, out_rows, logits);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* The block step's own element ops, over the kernel problems' layouts                       */
+/*                                                                                          */
+/* What the engine runs today for RMSNorm, residual add + RMSNorm, the gated activations,   */
+/* RoPE (from the model's tables) and decode attention, as the kernel factory's yardstick  */
+/* for those problems (problems/suites/cpu: rmsnorm, add_rmsnorm, swiglu, geglu, rope,      */
+/* attention_decode, and the problems derived from a model): a candidate must beat the      */
+/* engine's own code, not only torch. Each runs `iters` calls in C (no Python between      */
+/* them, as the harness's driver calls a candidate), rows split statically over `threads`. */
+
+void sf_op_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t cols, float eps, int threads,
+                   int64_t iters) {
+    for (int64_t it = 0; it < iters; it++) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1)
+        for (int64_t r = 0; r < rows; r++) sf_rms_norm(x + r * cols, w, y + r * cols, cols, eps);
+    }
+}
+
+/* the residual add and the norm after it, as q_step computes them (h = x + r, y = norm(h)) */
+void sf_op_add_rmsnorm(const float *x, const float *r, const float *w, float *h, float *y, int64_t rows,
+                       int64_t cols, float eps, int threads, int64_t iters) {
+    for (int64_t it = 0; it < iters; it++) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1)
+        for (int64_t b = 0; b < rows; b++) {
+            float *hb = h + b * cols;
+            const float *xb = x + b * cols, *rb = r + b * cols;
+            for (int64_t i = 0; i < cols; i++) hb[i] = xb[i] + rb[i];
+            sf_rms_norm(hb, w, y + b * cols, cols, eps);
+        }
+    }
+}
+
+/* act: 0 SiLU, 1 GELU-tanh (gated); n elements cut into one stretch per thread */
+void sf_op_gated(int act, const float *g, const float *u, float *y, int64_t n, int threads, int64_t iters) {
+    for (int64_t it = 0; it < iters; it++) {
+        const int nt = threads > 1 && n >= 4096 ? threads : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            const int t = omp_get_thread_num(), k = omp_get_num_threads();
+            const int64_t lo = n * t / k, hi = n * (t + 1) / k;
+            gated(act, g + lo, u + lo, y + lo, hi - lo);
+        }
+    }
+}
+
+/* y = RoPE(x) for x [tokens, heads, D] at positions pos, from the tables [n_pos, D] (cos, and
+ * sin with the sign of rotate_half folded in, models/rope.py) */
+void sf_op_rope(const float *x, const int64_t *pos, float *y, int64_t tokens, int64_t heads, int64_t D,
+                const float *cos, const float *sin, int threads, int64_t iters) {
+    for (int64_t it = 0; it < iters; it++) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && tokens > 1)
+        for (int64_t t = 0; t < tokens; t++) {
+            memcpy(y + t * heads * D, x + t * heads * D, sizeof(float) * heads * D);
+            for (int64_t hh = 0; hh < heads; hh++) q_rope(y + (t * heads + hh) * D, cos + pos[t] * D, sin + pos[t] * D, D);
+        }
+    }
+}
+
+/* out [batch, heads, D] = attention of q [batch, heads, D] over k, v [batch, kv_heads, seq, D];
+ * scratch: threads x seq floats */
+void sf_op_attention(const float *q, const float *k, const float *v, float *out, int64_t batch, int64_t heads,
+                     int64_t kv_heads, int64_t seq, int64_t D, float scale, float *scratch, int threads,
+                     int64_t iters) {
+    const int64_t G = heads / kv_heads;
+    for (int64_t it = 0; it < iters; it++) {
+#pragma omp parallel num_threads(threads) if (threads > 1 && batch * heads > 1)
+        {
+            const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+            float *scores = scratch + (int64_t)tid * seq;
+            for (int64_t task = tid; task < batch * heads; task += nt) {
+                const int64_t b = task / heads, hh = task % heads, c = hh / G;
+                const float *kb = k + (b * kv_heads + c) * seq * D, *vb = v + (b * kv_heads + c) * seq * D;
+                q_attend(q + task * D, kb, vb, 0, seq - 1, seq, D, scale, scores, out + task * D);
+            }
+        }
+    }
+}

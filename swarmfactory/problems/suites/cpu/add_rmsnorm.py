@@ -57,6 +57,14 @@ def roofline(shape):
     return Roofline(bytes=4.0 * (4 * n + shape["cols"]), flops=5.0 * n)
 
 
+def baseline_engine(t):
+    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
+    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
+    from swarmfactory.engine.native import element_ops
+
+    return element_ops.add_rmsnorm(t)
+
+
 PROBLEM = Problem(
     name="add_rmsnorm",
     family="norm",
@@ -68,7 +76,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"h": (s["rows"], s["cols"]), "y": (s["rows"], s["cols"])},
     reference=reference,
-    baselines={"add+F.rms_norm": baseline_add_rms_norm},
+    baselines={"add+F.rms_norm": baseline_add_rms_norm, "engine_block_step_approx": baseline_engine},
     eager=eager_by_hand,
     # as rmsnorm: a row's fp32 sum of squares in any order (harness/verify.py)
     fp32_sum_terms=lambda inputs: int(inputs["cols"]),

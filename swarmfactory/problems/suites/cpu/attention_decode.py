@@ -76,6 +76,14 @@ def roofline(shape):
                     flops=4.0 * b * h * s * d + 5.0 * b * h * s)
 
 
+def baseline_engine(t):
+    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
+    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
+    from swarmfactory.engine.native import element_ops
+
+    return element_ops.attention(t)
+
+
 PROBLEM = Problem(
     name="attention_decode",
     family="attention",
@@ -88,7 +96,8 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"out": (s["batch"], s["heads"], s["head_dim"])},
     reference=reference,
-    baselines={"sdpa_gqa": baseline_sdpa, "grouped_matmul": baseline_grouped_matmul},
+    baselines={"sdpa_gqa": baseline_sdpa, "grouped_matmul": baseline_grouped_matmul,
+               "engine_block_step_approx": baseline_engine},
     eager=eager_by_hand,
     # q.k over head_dim and p.v over seq, fp32, in any order: the bound from torch's own error
     # allows ~sqrt(longest) half-ulps for it (harness/verify.py)

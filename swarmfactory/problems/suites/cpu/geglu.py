@@ -56,6 +56,14 @@ def roofline(shape):
     return Roofline(bytes=4.0 * 3 * n, flops=9.0 * n)  # cube, polynomial, exp, add, divide, products
 
 
+def baseline_engine(t):
+    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
+    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
+    from swarmfactory.engine.native import element_ops
+
+    return element_ops.gated("gelu_tanh")(t)
+
+
 PROBLEM = Problem(
     name="geglu",
     family="gated_activation",
@@ -66,7 +74,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["n"],)},
     reference=reference,
-    baselines={"F.gelu_tanh*up": baseline_gelu_tanh},
+    baselines={"F.gelu_tanh*up": baseline_gelu_tanh, "engine_block_step_approx": baseline_engine},
     eager=eager_by_hand,
     atol_for=atol_for,
     tolerance=Tolerance(1e-5, 1e-30, "elementwise: the cube, exp or tanh (~2 ulp) and three "

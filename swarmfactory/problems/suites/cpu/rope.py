@@ -67,6 +67,14 @@ def roofline(shape):
     return Roofline(bytes=4.0 * 2 * n + 8.0 * shape["tokens"], flops=3.0 * n)  # 2 mul + 1 add each
 
 
+def baseline_engine(t):
+    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
+    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
+    from swarmfactory.engine.native import element_ops
+
+    return element_ops.rope(t)
+
+
 PROBLEM = Problem(
     name="rope",
     family="rope",
@@ -79,7 +87,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["tokens"], s["heads"], s["head_dim"])},
     reference=reference,
-    baselines={"hf_llama_eager": baseline_hf},
+    baselines={"hf_llama_eager": baseline_hf, "engine_block_step_approx": baseline_engine},
     eager=baseline_hf,
     shape_constraint=lambda s: s["head_dim"] % 2 == 0,
     tolerance=Tolerance(1e-4, 1e-5, "an fp32 angle pos * inv_freq (what HF Llama computes) is off "

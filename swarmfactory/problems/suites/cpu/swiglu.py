@@ -40,6 +40,14 @@ def roofline(shape):
     return Roofline(bytes=4.0 * 3 * n, flops=5.0 * n)  # negate, exp, add, divide, multiply
 
 
+def baseline_engine(t):
+    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
+    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
+    from swarmfactory.engine.native import element_ops
+
+    return element_ops.gated("silu")(t)
+
+
 PROBLEM = Problem(
     name="swiglu",
     family="gated_activation",
@@ -49,7 +57,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["n"],)},
     reference=reference,
-    baselines={"F.silu*up": baseline_eager},
+    baselines={"F.silu*up": baseline_eager, "engine_block_step_approx": baseline_engine},
     eager=eager_by_hand,
     tolerance=Tolerance(1e-5, 1e-30, "elementwise with no cancellation: fp32 exp (~2 ulp), the "
                                      "divide and two products stay within ~1e-6 relative; atol "
