@@ -171,7 +171,7 @@ def _prefill(store, groups: list[tuple[list[dict], dict]], mechanism: str, scrat
 
 
 def swarm_trial(problem, condition: str, seed: int, data: dict, goals: dict[str, set[str]], budget: int,
-                other_sample: int, machine_sample: int, workdir: Path) -> dict:
+                other_sample: int, machine_sample: int, workdir: Path, agents: str = "default") -> dict:
     from swarmfactory.config import RunConfig
     from swarmfactory.evidence.store import Store
     from swarmfactory.swarm.coordinator import Coordinator
@@ -197,7 +197,7 @@ def swarm_trial(problem, condition: str, seed: int, data: dict, goals: dict[str,
             groups.append((rng.sample(prow, min(machine_sample, len(prow))), data["other_hw"]))
         lessons = _prefill(store, groups, mechanism, workdir / f"{tag}-scratch.db")
     ex = ReplayExecutor(problem, data["native"][problem.name], goals)
-    cfg = RunConfig.build(problems=problem.name, budget=budget, agents="default", parallel=1, seed=seed,
+    cfg = RunConfig.build(problems=problem.name, budget=budget, agents=agents, parallel=1, seed=seed,
                           remeasure_champions=False)
     t0 = time.monotonic()
     try:
@@ -321,12 +321,13 @@ def _one(args: tuple) -> dict:
     logging.getLogger("swarmfactory").setLevel(logging.ERROR)
     from swarmfactory.problems import load_problem
 
-    name, condition, seed, data, goals, budget, other_sample, machine_sample, workdir = args
+    name, condition, seed, data, goals, budget, other_sample, machine_sample, workdir, agents = args
     problem = load_problem(name)
     if condition in BASELINES:
         r = baseline_trial(problem, condition, seed, data, goals, budget)
     else:
-        r = swarm_trial(problem, condition, seed, data, goals, budget, other_sample, machine_sample, Path(workdir))
+        r = swarm_trial(problem, condition, seed, data, goals, budget, other_sample, machine_sample, Path(workdir),
+                        agents)
     return {"problem": name, "condition": condition, "seed": seed, **r}
 
 
@@ -375,6 +376,7 @@ def main(argv=None) -> int:
     ap.add_argument("--other-sample", type=int, default=40, help="configurations of each other problem in the warm store")
     ap.add_argument("--machine-sample", type=int, default=40, help="configurations from the other CPU")
     ap.add_argument("--conditions", default=",".join(CONDITIONS), help="comma-separated; default: all")
+    ap.add_argument("--agents", default="default", help="the swarm's agents (as `swarmfactory run --agents`)")
     ap.add_argument("--jobs", type=int, default=1, help="trials run at once (worker processes)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -405,7 +407,7 @@ def main(argv=None) -> int:
                   f"({'confirmed by re-measurement' if info['confirmed'] else 'one measurement'}; sweep best "
                   f"{info['best_sweep']:.2f}x); configurations at each target: {info['at_target']}; nearest problem "
                   f"{info['nearest']}", file=sys.stderr)
-            jobs += [(name, c, s, data, goals, args.budget, args.other_sample, args.machine_sample, tmp)
+            jobs += [(name, c, s, data, goals, args.budget, args.other_sample, args.machine_sample, tmp, args.agents)
                      for c in conditions for s in range(args.seeds)]
         bar = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=Console(stderr=True))
