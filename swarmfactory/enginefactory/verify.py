@@ -179,7 +179,7 @@ def load_plan(engine, n_prompts: int) -> tuple[int, int]:
     limit = max([paths.native_decode, *paths.dense_above.values(), 8 + n_prompts - 1])
     others = max(0, min(engine.scheduler.max_batch - n_prompts, limit + 2 - n_prompts))
     long = max(engine.config.prefill_chunk, paths.native_prefill) + 17
-    return others, min(long, engine.max_seq_len - NEW_TOKENS - 9)
+    return others, max(1, min(long, engine.max_seq_len - NEW_TOKENS - 9))
 
 
 def _under_load(engine, ids: list[list[int]]) -> list[list[int]]:
