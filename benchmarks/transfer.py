@@ -30,7 +30,9 @@ hits it, censored at ``--budget``, marked ``>``):
   a person would try), ``one-line rule`` (the space ordered by ``log2(vw) - 3 x threads_on``, no
   data at all), ``copy: nearest problem`` (the space ordered by the measured speedups of
   the configurations of the other problem sharing most knobs, matched on the shared knobs) and
-  ``copy: other CPU`` (ordered by the same problem's measured speedups on the other machine).
+  ``copy: other CPU`` (ordered by the same problem's measured speedups on the other machine);
+  each copy also ``(sampled)``: from as many rows of its source as a warm store holds
+  (``--other-sample``, ``--machine-sample``), not the whole recorded sweep.
 
 The table gives, per target, the median over seeds with its 95% CI, and the ratio to cold's
 median with a bootstrap 95% CI (over seeds, both conditions resampled).
@@ -62,7 +64,8 @@ GOALS = ("95%", "85%", "top 5")
 SOURCES = ("other problems", "other CPU", "both")
 MECHANISMS = ("lessons", "cost model", "both")
 SWARM = ("cold",) + tuple(f"warm: {s} / {m}" for s in SOURCES for m in MECHANISMS)
-BASELINES = ("random", "default-first", "one-line rule", "copy: nearest problem", "copy: other CPU")
+BASELINES = ("random", "default-first", "one-line rule", "copy: nearest problem", "copy: other CPU",
+             "copy: nearest problem (sampled)", "copy: other CPU (sampled)")
 CONDITIONS = SWARM + BASELINES
 
 
@@ -207,8 +210,10 @@ def swarm_trial(problem, condition: str, seed: int, data: dict, goals: dict[str,
     return {"hits": dict(ex.hits), "lessons_at_start": lessons, "seconds": round(time.monotonic() - t0, 1)}
 
 
-def baseline_order(problem, condition: str, seed: int, data: dict) -> list[str]:
-    """The order in which a baseline tries the recorded configurations (knob keys)."""
+def baseline_order(problem, condition: str, seed: int, data: dict, sample: int | None = None) -> list[str]:
+    """The order in which a baseline tries the recorded configurations (knob keys). A ``sampled``
+    copy reads ``sample`` seeded rows of its source (the evidence a warm store holds), the plain
+    copies every recorded row of it."""
     rows = data["native"][problem.name]
     rng = random.Random(f"{problem.name}:{condition}:{seed}")
     keys = [_key(r["knobs"]) for r in rows]
@@ -232,10 +237,12 @@ def baseline_order(problem, condition: str, seed: int, data: dict) -> list[str]:
             return (-(score - 3.0 * (k.get("threads", "none") not in ("none", 1, "1"))), pos[keys[i]])
 
         return [keys[i] for i in sorted(range(len(rows)), key=rule)]
-    if condition == "copy: other CPU":
+    if condition.startswith("copy: other CPU"):
         source = data["other"].get(problem.name, [])
     else:
         source = data["native"].get(nearest_problem(problem.name, data), [])
+    if condition.endswith("(sampled)") and sample is not None:
+        source = random.Random(f"{problem.name}:{condition}:{seed}:source").sample(source, min(sample, len(source)))
     shared = [n for n in problem.knobs if source and n in source[0]["knobs"]]
     score: dict[str, list[float]] = {}
     for r in source:
@@ -267,8 +274,9 @@ def nearest_problem(name: str, data: dict) -> str | None:
     return best
 
 
-def baseline_trial(problem, condition: str, seed: int, data: dict, goals: dict[str, set[str]], budget: int) -> dict:
-    order = baseline_order(problem, condition, seed, data)[:budget]
+def baseline_trial(problem, condition: str, seed: int, data: dict, goals: dict[str, set[str]], budget: int,
+                   sample: int | None = None) -> dict:
+    order = baseline_order(problem, condition, seed, data, sample)[:budget]
     hits = {}
     for goal, keys in goals.items():
         at = next((i + 1 for i, k in enumerate(order) if k in keys), None)
@@ -324,7 +332,8 @@ def _one(args: tuple) -> dict:
     name, condition, seed, data, goals, budget, other_sample, machine_sample, workdir, agents = args
     problem = load_problem(name)
     if condition in BASELINES:
-        r = baseline_trial(problem, condition, seed, data, goals, budget)
+        sample = machine_sample if condition.startswith("copy: other CPU") else other_sample
+        r = baseline_trial(problem, condition, seed, data, goals, budget, sample)
     else:
         r = swarm_trial(problem, condition, seed, data, goals, budget, other_sample, machine_sample, Path(workdir),
                         agents)

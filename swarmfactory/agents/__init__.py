@@ -12,7 +12,7 @@ __all__ = ["Agent", "Board", "Entry", "Proposal", "make_agents", "agent_names", 
 
 AGENT_SETS = {
     "default": ["seed", "knob-blocking", "knob-vectorisation", "knob-threading", "knob-unrolling",
-                "knob-algorithm", "crossover", "model-guided", "ranking-copy", "random-restart"],
+                "knob-algorithm", "crossover", "model-guided", "random-restart"],
 }
 
 

@@ -23,23 +23,26 @@ machine is a hypothesis here: it is proposed when the bandit asks, and leads onl
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
 from swarmfactory.agents.base import Agent, Board, Proposal, knob_key, knob_proposal
 
+SPACE = 4096
+
 
 class RankingCopyAgent(Agent):
     name = "ranking-copy"
 
-    def __init__(self, min_rows: int = 8, lead_for: int = 8, check_after: int = 5, tries: int = 24):
-        self.min_rows, self.lead_for, self.check_after, self.tries = min_rows, lead_for, check_after, tries
+    def __init__(self, min_rows: int = 8, lead_for: int = 8, check_after: int = 5):
+        self.min_rows, self.lead_for, self.check_after = min_rows, lead_for, check_after
         self._cache: tuple = (None, None)
 
     # -- the source ------------------------------------------------------------------------------
-    def source(self, board: Board) -> tuple[str, list[str], list[tuple[list, float]]] | None:
-        """(source "problem@machine", shared knob names, [(shared values, mean log speedup)] best
-        first), or None where no group of the transferred rows shares a knob with this problem."""
+    def source(self, board: Board):
+        """(source "problem@machine", its scoring function knobs -> log speedup or None), or None
+        where no group of the transferred rows shares a knob with this problem."""
         p = board.problem
         key = (p.name, id(board.transfer), len(board.transfer))
         if self._cache[0] == key:
@@ -66,37 +69,19 @@ class RankingCopyAgent(Agent):
         out = None
         if best is not None:
             (name, hw), shared, rows = best
-            sums: dict[str, list[float]] = {}
-            for r in rows:
-                sums.setdefault(json.dumps([r.knobs[k] for k in shared], default=str), []).append(r.log_speedup)
-            ranked = sorted(((json.loads(k), sum(v) / len(v)) for k, v in sums.items()), key=lambda t: -t[1])
-            out = (f"{name}@{hw}", shared, ranked)
+            out = (f"{name}@{hw}", _scorer(shared, rows))
         self._cache = (key, out)
         return out
 
     def _scored(self, board: Board) -> list[tuple[float, float]]:
-        """(what the source says, measured log speedup) for this problem's measured configurations:
-        the sum over the shared knobs of the source's mean log speedup at each one's value (the
-        source rarely measured the exact combination)."""
+        """(what the source says, measured log speedup) for this problem's measured configurations."""
         src = self.source(board)
         if src is None:
             return []
-        _, shared, ranked = src
-        per_value: dict[tuple, list[float]] = {}
-        for values, s in ranked:
-            for k, v in zip(shared, values):
-                per_value.setdefault((k, json.dumps(v, default=str)), []).append(s)
-
-        def score(knobs: dict) -> float | None:
-            parts = [per_value.get((k, json.dumps(knobs.get(k), default=str))) for k in shared]
-            return None if any(p is None for p in parts) else sum(sum(p) / len(p) for p in parts)
-
+        score = src[1]
         return [(s, math.log(e.speedup)) for e in board.entries
                 if e.knobs is not None and e.speedup and e.speedup > 0
                 for s in [score(e.knobs)] if s is not None]
-
-    def _pairs(self, board: Board) -> int:
-        return len(self._scored(board))
 
     def holds(self, board: Board) -> bool:
         """False where there is no source, or once ``check_after`` measured configurations of this
@@ -117,33 +102,55 @@ class RankingCopyAgent(Agent):
         own = sum(1 for e in board.entries if e.knobs is not None and e.speedup is not None)
         if own >= self.lead_for or not self.holds(board):
             return False
-        src = self.source(board)
         here = (board.hardware or {}).get("id")
-        return src[0].endswith(f"@{here}") or self._pairs(board) >= self.check_after
+        return self.source(board)[0].endswith(f"@{here}") or len(self._scored(board)) >= self.check_after
 
     # -- proposals -------------------------------------------------------------------------------
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
-        p = board.problem
+        p, rng = board.problem, board.rng
         if not p.knobs or not self.holds(board):
             return []
-        src, shared, ranked = self.source(board)
+        src, score = self.source(board)
         tried = board.tried()
-        defaults = dict(p.knob_defaults)
+        size = math.prod(len(v) for v in p.knobs.values())
+        if size <= SPACE:
+            pool = [dict(zip(p.knobs, c)) for c in itertools.product(*p.knobs.values())]
+        else:
+            pool = [{k: rng.choice(list(v)) for k, v in p.knobs.items()} for _ in range(SPACE)]
+        rng.shuffle(pool)   # ties in a random order
+        ranked = sorted(((score(k), i) for i, k in enumerate(pool)), key=lambda t: -(t[0] if t[0] is not None else -1e9))
         out: list[Proposal] = []
-        for values, _ in ranked:
-            if len(out) >= n:
+        for s, i in ranked:
+            if len(out) >= n or s is None:
                 break
-            if any(v not in p.knobs[k] for k, v in zip(shared, values)):
-                continue   # a value this problem does not have
-            fixed = dict(zip(shared, values))
-            knobs = {**defaults, **fixed}
-            for _ in range(self.tries):
-                if p.valid_knobs(knobs) and knob_key(knobs) not in tried:
-                    break
-                knobs = {**{k: board.rng.choice(list(v)) for k, v in p.knobs.items()}, **fixed}
-            else:
+            knobs = pool[i]
+            if knob_key(knobs) in tried:
                 continue
             prop = knob_proposal(board, knobs, self.name, f"copy of {src}", [])
             if prop and all(prop.knobs != o.knobs for o in out):
                 out.append(prop)
         return out
+
+
+def _scorer(shared: list[str], rows: list):
+    """knobs -> what the source's rows say of them (module docstring), None where a shared knob
+    has a value the source never measured."""
+    key = lambda vals: json.dumps(vals, default=str)  # noqa: E731
+    exact: dict[str, list[float]] = {}
+    per_value: dict[tuple, list[float]] = {}
+    for r in rows:
+        exact.setdefault(key([r.knobs[k] for k in shared]), []).append(r.log_speedup)
+        for k in shared:
+            per_value.setdefault((k, key(r.knobs[k])), []).append(r.log_speedup)
+    mean = sum(r.log_speedup for r in rows) / len(rows)
+    exact_mean = {k: sum(v) / len(v) for k, v in exact.items()}
+    value_mean = {k: sum(v) / len(v) for k, v in per_value.items()}
+
+    def score(knobs: dict) -> float | None:
+        s = exact_mean.get(key([knobs.get(k) for k in shared]))
+        if s is not None:
+            return s
+        parts = [value_mean.get((k, key(knobs.get(k)))) for k in shared]
+        return None if any(v is None for v in parts) else mean + sum(v - mean for v in parts)
+
+    return score

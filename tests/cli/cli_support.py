@@ -34,7 +34,7 @@ def sf(*args: str, cwd=None, env: dict | None = None, timeout: float = 600) -> s
 # The longest names the tables must show whole: every default agent, an LLM agent, the longest
 # bundled problem and shape.
 AGENTS = ["seed", "knob-blocking", "knob-vectorisation", "knob-threading", "knob-unrolling", "knob-algorithm",
-          "crossover", "model-guided", "ranking-copy", "random-restart", "llm:openai:gpt-4o-mini"]
+          "crossover", "model-guided", "random-restart", "llm:openai:gpt-4o-mini"]
 
 
 def recorded_run(db: Path, champion_agent: str = "knob-vectorisation") -> str:
