@@ -225,9 +225,9 @@ def contention_evidence(log: RoundsLog) -> dict:
 def basis(setups: list[dict], baseline_label) -> dict:
     """The comparison basis, stated."""
     dispatch = [s["dispatch_ns"] for s in setups if s.get("dispatch_ns")]
-    native = all(s["choice"].get("native") for s in setups)
+    labels = {baseline_label(s["choice"]) + (" (each input set's calls back to back)" if s["choice"].get("native")
+                                              else " called from Python, each call's dispatch included")
+              for s in setups}
     return {"candidate": "calls inside the driver's C loop (inputs changed before every call)",
-            "baseline": "; ".join(sorted({baseline_label(s["choice"]) for s in setups}))
-                        + (" (each input set's calls back to back)" if native
-                           else " called from Python, each call's dispatch included"),
+            "baseline": "; ".join(sorted(labels)),
             "dispatch_us": round(min(dispatch) / 1e3, 3) if dispatch else None}
