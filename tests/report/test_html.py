@@ -8,6 +8,8 @@ from pathlib import Path
 from swarmfactory.evidence.store import Store
 from swarmfactory.swarm.summary import summarize
 
+PROBLEM = Path(__file__).parents[1] / "swarm" / "data" / "rmsnorm_torch_yardstick.py"
+
 
 def test_report_is_self_contained_and_shows_the_champion(tmp_path):
     from swarmfactory.config import RunConfig
@@ -15,7 +17,8 @@ def test_report_is_self_contained_and_shows_the_champion(tmp_path):
 
     db = tmp_path / "e.db"
     store = Store(str(db))
-    cfg = RunConfig.build(problems="rmsnorm", budget=3, rounds=3, compile_baselines=False,
+    # rmsnorm timed against torch only: a template may not beat the engine's own C in three tries
+    cfg = RunConfig.build(problems=str(PROBLEM), budget=3, rounds=3, compile_baselines=False,
                           remeasure_champions=False, agents="seed,knob-vectorisation,random-restart")
     run_id = Coordinator(cfg, store).run()
     out = tmp_path / "report.html"
@@ -25,7 +28,7 @@ def test_report_is_self_contained_and_shows_the_champion(tmp_path):
     html = out.read_text()
     assert not re.search(r"""(src|href)=["']?https?://""", html), "the report must not load anything"
     assert "<svg" in html and "champion" in html and "lineage" in html
-    champ = store.champion(__import__("swarmfactory.problems", fromlist=["x"]).load_problem("rmsnorm"))
+    champ = store.champion(__import__("swarmfactory.problems", fromlist=["x"]).load_problem(str(PROBLEM)))
     assert champ.candidate_id in html
     assert "void rmsnorm(" in html  # the champion's source
     show = subprocess.run([sys.executable, "-m", "swarmfactory.cli", "show", "--store", str(db)],

@@ -5,5 +5,5 @@ import dataclasses
 
 from swarmfactory.problems.suites.cpu.rmsnorm import PROBLEM as RMSNORM
 
-PROBLEM = dataclasses.replace(RMSNORM, name="rmsnorm_torch_yardstick",
+PROBLEM = dataclasses.replace(RMSNORM, name="rmsnorm_torch_yardstick", symbol=RMSNORM.entry,
                               baselines={"F.rms_norm": RMSNORM.baselines["F.rms_norm"]})
