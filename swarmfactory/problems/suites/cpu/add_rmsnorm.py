@@ -5,6 +5,7 @@ from pathlib import Path
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform
+from swarmfactory.problems.suites.cpu.engine_yardstick import engine_baseline
 
 HIDDEN, HIDDEN_LARGE = 576, 2048  # SmolLM2-135M, SmolLM2-1.7B
 EPS = (1e-6, 1e-3)  # Llama-family models use 1e-6 .. 1e-5; norms elsewhere up to 1e-3
@@ -57,13 +58,6 @@ def roofline(shape):
     return Roofline(bytes=4.0 * (4 * n + shape["cols"]), flops=5.0 * n)
 
 
-def baseline_engine(t):
-    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
-    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
-    from swarmfactory.engine.native import element_ops
-
-    return element_ops.add_rmsnorm(t)
-
 
 PROBLEM = Problem(
     name="add_rmsnorm",
@@ -76,7 +70,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"h": (s["rows"], s["cols"]), "y": (s["rows"], s["cols"])},
     reference=reference,
-    baselines={"add+F.rms_norm": baseline_add_rms_norm, "engine_block_step_approx": baseline_engine},
+    baselines={"add+F.rms_norm": baseline_add_rms_norm, **engine_baseline("add_rmsnorm")},
     eager=eager_by_hand,
     # as rmsnorm: a row's fp32 sum of squares in any order (harness/verify.py)
     fp32_sum_terms=lambda inputs: int(inputs["cols"]),

@@ -6,6 +6,7 @@ import numpy as np
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
+from swarmfactory.problems.suites.cpu.engine_yardstick import engine_baseline
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 
@@ -76,13 +77,6 @@ def roofline(shape):
                     flops=4.0 * b * h * s * d + 5.0 * b * h * s)
 
 
-def baseline_engine(t):
-    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
-    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
-    from swarmfactory.engine.native import element_ops
-
-    return element_ops.attention(t)
-
 
 PROBLEM = Problem(
     name="attention_decode",
@@ -97,7 +91,7 @@ PROBLEM = Problem(
     output_shapes=lambda s: {"out": (s["batch"], s["heads"], s["head_dim"])},
     reference=reference,
     baselines={"sdpa_gqa": baseline_sdpa, "grouped_matmul": baseline_grouped_matmul,
-               "engine_block_step_approx": baseline_engine},
+               **engine_baseline("attention")},
     eager=eager_by_hand,
     # q.k over head_dim and p.v over seq, fp32, in any order: the bound from torch's own error
     # allows ~sqrt(longest) half-ulps for it (harness/verify.py)

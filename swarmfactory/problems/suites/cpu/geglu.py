@@ -8,6 +8,7 @@ import numpy as np
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
+from swarmfactory.problems.suites.cpu.engine_yardstick import engine_baseline
 
 INTERMEDIATE, INTERMEDIATE_LARGE = 1536, 8192  # SmolLM2-135M, SmolLM2-1.7B
 SQRT_2_OVER_PI, KAPPA = math.sqrt(2.0 / math.pi), 0.044715
@@ -56,13 +57,6 @@ def roofline(shape):
     return Roofline(bytes=4.0 * 3 * n, flops=9.0 * n)  # cube, polynomial, exp, add, divide, products
 
 
-def baseline_engine(t):
-    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
-    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
-    from swarmfactory.engine.native import element_ops
-
-    return element_ops.gated("gelu_tanh")(t)
-
 
 PROBLEM = Problem(
     name="geglu",
@@ -74,7 +68,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["n"],)},
     reference=reference,
-    baselines={"F.gelu_tanh*up": baseline_gelu_tanh, "engine_block_step_approx": baseline_engine},
+    baselines={"F.gelu_tanh*up": baseline_gelu_tanh, **engine_baseline("gated", "gelu_tanh")},
     eager=eager_by_hand,
     atol_for=atol_for,
     tolerance=Tolerance(1e-5, 1e-30, "elementwise: the cube, exp or tanh (~2 ulp) and three "

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform
+from swarmfactory.problems.suites.cpu.engine_yardstick import engine_baseline
 
 HIDDEN = 576  # SmolLM2-135M
 EPS = (1e-6, 1e-3)  # Llama-family models use 1e-6 .. 1e-5; norms elsewhere up to 1e-3
@@ -45,13 +46,6 @@ def roofline(shape):
     return Roofline(bytes=4.0 * (2 * n + shape["cols"]), flops=4.0 * n)
 
 
-def baseline_engine(t):
-    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
-    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
-    from swarmfactory.engine.native import element_ops
-
-    return element_ops.rmsnorm(t)
-
 
 PROBLEM = Problem(
     name="rmsnorm",
@@ -64,7 +58,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["rows"], s["cols"])},
     reference=reference,
-    baselines={"F.rms_norm": baseline_eager, "engine_block_step_approx": baseline_engine},
+    baselines={"F.rms_norm": baseline_eager, **engine_baseline("rmsnorm")},
     eager=eager,
     # torch sums the squares in a tree; a kernel's fp32 sum of a row in any order costs up to
     # ~sqrt(cols) half-ulps more: the bound from torch's own error allows that (harness/verify.py)

@@ -6,6 +6,7 @@ import numpy as np
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, log_uniform, with_specials
+from swarmfactory.problems.suites.cpu.engine_yardstick import engine_baseline
 
 HEADS, KV_HEADS, HEAD_DIM, THETA = 9, 3, 64, 100000.0  # SmolLM2-135M
 MAX_POS = 4096
@@ -67,13 +68,6 @@ def roofline(shape):
     return Roofline(bytes=4.0 * 2 * n + 8.0 * shape["tokens"], flops=3.0 * n)  # 2 mul + 1 add each
 
 
-def baseline_engine(t):
-    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
-    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
-    from swarmfactory.engine.native import element_ops
-
-    return element_ops.rope(t)
-
 
 PROBLEM = Problem(
     name="rope",
@@ -87,7 +81,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["tokens"], s["heads"], s["head_dim"])},
     reference=reference,
-    baselines={"hf_llama_eager": baseline_hf, "engine_block_step_approx": baseline_engine},
+    baselines={"hf_llama_eager": baseline_hf, **engine_baseline("rope")},
     eager=baseline_hf,
     shape_constraint=lambda s: s["head_dim"] % 2 == 0,
     tolerance=Tolerance(1e-4, 1e-5, "an fp32 angle pos * inv_freq (what HF Llama computes) is off "

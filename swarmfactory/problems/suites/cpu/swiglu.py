@@ -4,6 +4,7 @@ from pathlib import Path
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
+from swarmfactory.problems.suites.cpu.engine_yardstick import engine_baseline
 
 INTERMEDIATE = 1536  # SmolLM2-135M
 
@@ -40,13 +41,6 @@ def roofline(shape):
     return Roofline(bytes=4.0 * 3 * n, flops=5.0 * n)  # negate, exp, add, divide, multiply
 
 
-def baseline_engine(t):
-    """What the engine runs for this op today: its block step's own C (engine/native/element_ops.py),
-    timed in a C loop as a candidate is. A candidate must beat it, not only torch."""
-    from swarmfactory.engine.native import element_ops
-
-    return element_ops.gated("silu")(t)
-
 
 PROBLEM = Problem(
     name="swiglu",
@@ -57,7 +51,7 @@ PROBLEM = Problem(
     make_inputs=make_inputs,
     output_shapes=lambda s: {"y": (s["n"],)},
     reference=reference,
-    baselines={"F.silu*up": baseline_eager, "engine_block_step_approx": baseline_engine},
+    baselines={"F.silu*up": baseline_eager, **engine_baseline("gated", "silu")},
     eager=eager_by_hand,
     tolerance=Tolerance(1e-5, 1e-30, "elementwise with no cancellation: fp32 exp (~2 ulp), the "
                                      "divide and two products stay within ~1e-6 relative; atol "
