@@ -39,7 +39,7 @@ from swarmfactory.outcome import Outcome, Rejected, Verdict
 from swarmfactory.harness.roofline import known_or_measured, remeasure
 from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
-from swarmfactory.harness.rounds import run_rounds
+from swarmfactory.harness.rounds import SINGLE, run_rounds
 from swarmfactory.harness.timing import calibrate
 from swarmfactory.harness.verdicts import OBJECTIVES, between_spread, decide, min_clean_rounds
 from swarmfactory.harness.verify import slot_key, verify
@@ -384,10 +384,19 @@ class Harness:
         key = slot_key(shape)
         slots = [f"t{j}-{key}" for j in range(group.n)]
         workers = {}
+        # a multi-threaded yardstick is also timed on one thread in every round, and each round's
+        # yardstick is the faster of the two (verdicts.yardstick_times): a team of threads can stall
+        # waiting for one of its own (a wake-up the machine is slow to give: hundreds of times the
+        # op's time, for a few rounds at a time, with nothing else running), and a stalled
+        # yardstick must never make a candidate look faster than one thread of the same code
+        single = (choice.get("threads") or 1) > 1
         for j, slot in enumerate(slots):
             inputs = group.inputs(j)
             workers["baseline"] = self.baselines.set_inputs(problem, choice["name"], choice["mode"], slot,
                                                             inputs, shape, choice.get("threads"))
+            if single:
+                workers[SINGLE] = self.baselines.set_inputs(problem, choice["name"], choice["mode"], slot,
+                                                            inputs, shape, 1)
             workers["reference"] = self.baselines.set_inputs(problem, EAGER_REFERENCE, "eager", slot,
                                                              inputs, shape, choice.get("threads"))
         iters = {}
@@ -401,7 +410,8 @@ class Harness:
                 "per_call": per_call, "window_s": window_ns * 1e-9,
                 # a native baseline's calls run in a C loop: no Python dispatch to take off
                 "dispatch_ns": None if workers["baseline"].native else self._dispatch_ns(workers["baseline"], timeout),
-                "workers": workers, "iters": iters, "times": {"candidate": [], "baseline": [], "reference": []}}
+                "workers": workers, "iters": iters,
+                "times": {"candidate": [], "baseline": [], "reference": [], **({SINGLE: []} if single else {})}}
 
     def close(self) -> None:
         self.baselines.close()

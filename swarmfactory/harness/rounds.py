@@ -1,7 +1,7 @@
 """Interleaved rounds, each with the contention its samples suffered.
 
-A round times, per workload shape, the candidate and the baseline (and, every other round, the
-eager reference) in alternating order. While a contender runs, the time it spent ready to run
+A round times, per workload shape, the candidate and the baseline (a multi-threaded baseline also
+on one thread: ``SINGLE``; and, every other round, the eager reference) in alternating order. While a contender runs, the time it spent ready to run
 but waiting for a CPU is read from its cgroup's CPU pressure (Linux PSI; the machine's where it
 has no cgroup of its own), and over the whole round the share of the measurement CPUs' time that
 processes other than ours used (/proc/stat, less our processes' CPU time). A round is
@@ -27,6 +27,7 @@ from swarmfactory.harness.timing import sample
 WAIT_PER_ROUND_S = 5.0     # waiting for a quieter machine before a replacement round
 WAIT_TOTAL_S = 30.0        # ... and over one measurement
 OTHERS_BUSY = 0.05         # other processes' share of the measurement CPUs that makes a wait theirs
+SINGLE = "baseline, one thread"  # a multi-threaded yardstick's one-thread runner, timed beside it
 
 
 @dataclass
@@ -147,7 +148,8 @@ def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand:
     known = {"candidate": True, "baseline": True}
     for s in setups:
         # the eager reference only informs the "vs eager" column: every other round
-        order = ["candidate", "baseline"] + (["reference"] if r % 4 in (0, 3) else [])
+        order = ["candidate", "baseline"] + ([SINGLE] if SINGLE in s["workers"] else []) \
+            + (["reference"] if r % 4 in (0, 3) else [])
         if r % 2:
             order.reverse()
         for name in order:
@@ -176,6 +178,7 @@ def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand:
                 if name == "reference":
                     continue
                 ns = reply["ns"]
+                name = "baseline"  # the one-thread runner's waits are the yardstick's too
             if share is None:
                 known[name] = False
             else:

@@ -64,3 +64,43 @@ def test_every_measured_verdict_records_the_contention_it_was_taken_under(harnes
     assert c["rounds"] >= 8 and 0.0 <= c["suffered"] <= 1.0
     # each baseline says how it was timed: a Python call with its dispatch, or the engine's own C in a C loop
     assert all("dispatch included" in b or "C loop" in b for b in v.evidence["basis"]["baseline"].split("; "))
+
+
+def test_a_yardstick_that_stalls_on_a_team_of_threads_is_timed_on_one_thread_too(tmp_path):
+    """A multi-threaded baseline that stalls (here: 2 ms a call whenever it runs on more than one
+    thread, recorded as chosen at 2 threads, as if it were fast then) is timed on one thread too in
+    every round, and the faster of the two is the yardstick: no shape's baseline shows the stall,
+    so the candidate's speedup is over what one thread of the same code does."""
+    from pathlib import Path
+
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.harness.rounds import SINGLE
+
+    p = load_problem(str(Path(__file__).parent / "data" / "stalling_yardstick.py"))
+    name = next(iter(p.baselines))
+    store = Store(str(tmp_path / "evidence.db"))
+    for shape in p.workload:  # chosen at two threads (as a quiet machine might have measured it)
+        store.put_baseline(p, shape, False, {"name": name, "mode": "eager", "threads": 2, "us": 5.0,
+                                             "native": False})
+    h = Harness(HarnessConfig(rounds=6, compile_baselines=False, case_timeout_s=5.0), store=store)
+    try:
+        prep = h.prepare(p, p.render())
+        assert prep.rejected is None, prep.rejected
+        setups = []
+        real = h._setup_shape
+        h._setup_shape = lambda *a, **k: setups.append(real(*a, **k)) or setups[-1]
+        v = h.measure(prep)
+    finally:
+        h.close()
+    assert v.outcome in (Outcome.FASTER, Outcome.NOT_FASTER, Outcome.INCONCLUSIVE), v.detail
+    if v.speedup is not None:
+        # no shape's yardstick shows the stall: each is one thread of F.rms_norm (tens of us at most)
+        assert all(t.baseline_us < 500 for t in v.shapes), [t.baseline_us for t in v.shapes]
+    # ... though the team's rounds did stall (the two-thread runner took the 2 ms every call)
+    assert setups and all(SINGLE in s["workers"] for s in setups)
+    assert all(min(s["times"]["baseline"]) >= 1.5e6 for s in setups)
+    if v.speedup is not None:
+        assert "the same on 1 thread" in v.evidence["basis"]["baseline"]
+        for rounds in v.evidence["basis"]["one_thread_faster"].values():   # "k of n rounds": every one
+            k, n = rounds.removesuffix(" rounds").split(" of ")
+            assert k == n, v.evidence["basis"]["one_thread_faster"]
