@@ -27,6 +27,12 @@ import sys
 import time
 
 
+# how the rows' baselines were timed: rows without this field were recorded before a multi-threaded
+# baseline was also timed on one thread in every round (harness/rounds.py SINGLE), when a stalled
+# team of threads could inflate a shape's speedup (up to 1900x seen; benchmarks/data/README.md)
+YARDSTICK = "per round, the faster of the chosen thread count and one thread"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/data/knob_sweep.jsonl")
@@ -100,6 +106,7 @@ def main(argv=None) -> int:
                        "hardware": {k: hw[k] for k in ("id", "model", "arch", "features", "cpus", "mask", "caches",
                                                        "vendor", "family", "cpu_model", "stepping", "bandwidth_gbs")
                                     if k in hw}}
+                row["yardstick"] = YARDSTICK
                 if confirm:
                     row["confirm"] = True
                 fh.write(json.dumps(row) + "\n")

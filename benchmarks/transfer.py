@@ -39,6 +39,17 @@ median with a bootstrap 95% CI (over seeds, both conditions resampled).
 
     python benchmarks/transfer.py                                   # the four transfer problems
     python benchmarks/transfer.py --problems layernorm --seeds 10 --jobs 2 --json out.json
+
+**From one model to the next.** ``--data`` may be given several times (the sweeps merge), and
+``--sources`` names the problems "other problems" and the nearest-problem copies may draw from.
+The second model's derived problems (``swarmfactory problems --from-model FILE``, then
+``knob_sweep.py --problems NAME.MODEL,...``) warm from the first model's (the bundled problems
+carry SmolLM2-135M's shapes):
+
+    python benchmarks/transfer.py --data benchmarks/data/knob_sweep.jsonl \
+        --data benchmarks/data/knob_sweep_gemma.jsonl \
+        --problems rmsnorm.gemma-3-270m-q4_k_m,add_rmsnorm.gemma-3-270m-q4_k_m,... \
+        --sources add_rmsnorm,attention_decode,geglu,layernorm,q4_1_matmul,q8_0_matmul,rmsnorm,rope,softmax,swiglu
 """
 
 from __future__ import annotations
@@ -190,7 +201,7 @@ def swarm_trial(problem, condition: str, seed: int, data: dict, goals: dict[str,
         if source in ("other problems", "both"):
             rows = []
             for name, prow in data["native"].items():
-                if name != problem.name:
+                if name != problem.name and _is_source(name, data):
                     rows += rng.sample(prow, min(other_sample, len(prow)))
             groups.append((rows, data["native_hw"]))
         if source in ("other CPU", "both"):
@@ -258,12 +269,18 @@ def baseline_order(problem, condition: str, seed: int, data: dict, sample: int |
     return [keys[i] for i in sorted(range(len(rows)), key=rank)]
 
 
+def _is_source(name: str, data: dict) -> bool:
+    """May ``name``'s recorded rows be what "other problems" transfers from (``--sources``)?"""
+    return data.get("sources") is None or name in data["sources"]
+
+
 def nearest_problem(name: str, data: dict) -> str | None:
-    """The other recorded problem whose knobs share the most names (then values) with ``name``'s."""
+    """The other recorded problem (among ``--sources``) whose knobs share the most names (then
+    values) with ``name``'s."""
     mine = data["native"][name][0]["knobs"]
     best, score = None, (-1, -1)
     for other, rows in data["native"].items():
-        if other == name or not rows:
+        if other == name or not rows or not _is_source(other, data):
             continue
         theirs = rows[0]["knobs"]
         shared = [n for n in mine if n in theirs]
@@ -301,8 +318,11 @@ def goals_for(name: str, data: dict) -> tuple[dict[str, set[str]], dict]:
                    "space": len(data["native"][name]), "at_target": {g: len(k) for g, k in goals.items()}}
 
 
-def load_data(path: Path) -> dict:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def load_data(paths: Path | list[Path], sources: list[str] | None = None) -> dict:
+    """The recorded sweep(s) in ``paths`` (JSON lines; several files merge), grouped by machine and
+    problem; ``sources``: the problems "other problems" may draw from (None: every other one)."""
+    paths = [paths] if isinstance(paths, Path) else list(paths)
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
     confirm_rows = [r for r in rows if r.get("confirm")]
     rows = [r for r in rows if not r.get("confirm")]
     by_hw: dict[str, list[dict]] = {}
@@ -319,7 +339,8 @@ def load_data(path: Path) -> dict:
         if r["hardware"]["id"] == native_hw["id"] and r["outcome"] in MEASURED and r.get("speedup"):
             confirm.setdefault(r["problem"], {})[_key(r["knobs"])] = r["speedup"]
     return {"native": group(by_hw[order[0]]), "other": group(by_hw[order[1]]) if other_hw else {},
-            "native_hw": native_hw, "other_hw": other_hw, "confirm": confirm}
+            "native_hw": native_hw, "other_hw": other_hw, "confirm": confirm,
+            "sources": set(sources) if sources else None}
 
 
 def _one(args: tuple) -> dict:
@@ -378,7 +399,11 @@ def summarize(results: list[dict], budget: int) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--data", type=Path, action="append", default=None,
+                    help=f"a recorded sweep (JSON lines; repeat to merge several; default {DATA.relative_to(HERE.parent)})")
+    ap.add_argument("--sources", default=None,
+                    help="the recorded problems that 'other problems' (and its copy baselines) draw from, "
+                         "comma-separated (default: every other recorded problem)")
     ap.add_argument("--problems", default=TARGETS)
     ap.add_argument("--seeds", type=int, default=40)
     ap.add_argument("--budget", type=int, default=80, help="evaluations before a search is censored")
@@ -393,7 +418,17 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    data = load_data(args.data)
+    sources = [s.strip() for s in args.sources.split(",") if s.strip()] if args.sources else None
+    data = load_data(args.data or [DATA], sources)
+    unknown_sources = sorted(set(sources or ()) - set(data["native"]))
+    if unknown_sources:
+        ap.error(f"--sources names problems with no recorded rows: {', '.join(unknown_sources)}")
+    old = sorted({name for group in ("native", "other") for name, rows in data[group].items()
+                  if any("yardstick" not in r for r in rows)})
+    if old:
+        print(f"note: the rows of {', '.join(old)} were recorded before a multi-threaded baseline was "
+              f"also timed on one thread (a stalled team could inflate a shape's speedup; "
+              f"benchmarks/data/README.md)", file=sys.stderr)
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
@@ -416,8 +451,14 @@ def main(argv=None) -> int:
                   f"({'confirmed by re-measurement' if info['confirmed'] else 'one measurement'}; sweep best "
                   f"{info['best_sweep']:.2f}x); configurations at each target: {info['at_target']}; nearest problem "
                   f"{info['nearest']}", file=sys.stderr)
+            mine = conditions
+            if not data["other"].get(name):
+                mine = [c for c in conditions if "other CPU" not in c and "both /" not in c]
+                if mine != conditions:
+                    print(f"{name}: no recorded rows from another machine; its other-CPU conditions are skipped",
+                          file=sys.stderr)
             jobs += [(name, c, s, data, goals, args.budget, args.other_sample, args.machine_sample, tmp, args.agents)
-                     for c in conditions for s in range(args.seeds)]
+                     for c in mine for s in range(args.seeds)]
         bar = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=Console(stderr=True))
         task = bar.add_task("trials", total=len(jobs))

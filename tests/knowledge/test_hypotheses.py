@@ -289,6 +289,11 @@ def test_the_goals_are_set_from_the_confirmed_best_and_the_baselines_order_the_s
     copy = bench.baseline_order(problem, "copy: other CPU", 0, data)
     other = {bench._key(r["knobs"]): r["speedup"] for r in data["other"]["layernorm"] if r.get("speedup")}
     assert other[copy[0]] == max(other.values())
+    # --sources: "other problems" and the nearest-problem copy draw from the named problems only
+    only = bench.load_data([bench.DATA], sources=["geglu"])
+    assert bench.nearest_problem("layernorm", only) == "geglu"
+    assert bench._is_source("geglu", only) and not bench._is_source("rmsnorm", only)
+    assert all(bench._is_source(name, data) for name in data["native"])
 
 
 def test_a_transferred_source_that_hurts_is_dropped_and_one_that_helps_kept():
