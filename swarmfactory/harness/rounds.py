@@ -1,17 +1,19 @@
 """Interleaved rounds, each with the contention its samples suffered.
 
 A round times, per workload shape, the candidate and the baseline (a multi-threaded baseline also
-on one thread: ``SINGLE``; and, every other round, the eager reference) in alternating order. While a contender runs, the time it spent ready to run
-but waiting for a CPU is read from its cgroup's CPU pressure (Linux PSI; the machine's where it
-has no cgroup of its own), and over the whole round the share of the measurement CPUs' time that
-processes other than ours used (/proc/stat, less our processes' CPU time). A round is
-*disturbed* when a contender waited more than ``contention.BUSY`` of its timed time *and* other
-processes used more than ``OTHERS_BUSY`` of the CPUs meanwhile: a wait with nobody else running
-is the contender's own threads waiting for each other (an OpenMP pool beside its caller), the
-same in every round, not interference. A disturbed round is not evidence. It is replaced by
-another, up to as many rounds again, after waiting (bounded) for other processes to leave the
-measurement CPUs; with fewer than ``min_clean`` clean rounds the measurement says so instead of
-giving a figure.
+on one thread: ``SINGLE``; and, every other round, the eager reference) in alternating order.
+While a contender runs, the time it spent ready to run but waiting for a CPU is read from its
+cgroup's CPU pressure (Linux PSI; the machine's where it has no cgroup of its own), and over the
+whole round the share of the measurement CPUs' time that processes other than ours used
+(/proc/stat, less our processes' CPU time). A round is *disturbed* when a contender waited more
+than ``contention.BUSY`` of its timed time *and* other processes used more than ``OTHERS_BUSY``
+of the CPUs meanwhile: a wait with nobody else running is the contender's own threads waiting for
+each other (an OpenMP pool beside its caller), not interference. It is not always the same in
+every round (a team can stall for whole rounds waiting for a wake-up of one of its own), which
+is why a multi-threaded yardstick is also timed on one thread (``verdicts.yardstick_times``). A
+disturbed round is not evidence. It is replaced by another, up to as many rounds again, after
+waiting (bounded) for other processes to leave the measurement CPUs; with fewer than
+``min_clean`` clean rounds the measurement says so instead of giving a figure.
 """
 
 from __future__ import annotations
