@@ -269,6 +269,11 @@ def baseline_order(problem, condition: str, seed: int, data: dict, sample: int |
     return [keys[i] for i in sorted(range(len(rows)), key=rank)]
 
 
+def _without_other_cpu(conditions: list[str]) -> list[str]:
+    """The conditions that need no recorded rows from another machine."""
+    return [c for c in conditions if "other CPU" not in c and "both /" not in c]
+
+
 def _is_source(name: str, data: dict) -> bool:
     """May ``name``'s recorded rows be what "other problems" transfers from (``--sources``)?"""
     return data.get("sources") is None or name in data["sources"]
@@ -436,7 +441,7 @@ def main(argv=None) -> int:
     if "cold" not in conditions:
         conditions.insert(0, "cold")
     if data["other_hw"] is None:
-        conditions = [c for c in conditions if "other CPU" not in c and "both /" not in c]
+        conditions = _without_other_cpu(conditions)
     results, setup = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []
@@ -453,7 +458,7 @@ def main(argv=None) -> int:
                   f"{info['nearest']}", file=sys.stderr)
             mine = conditions
             if not data["other"].get(name):
-                mine = [c for c in conditions if "other CPU" not in c and "both /" not in c]
+                mine = _without_other_cpu(conditions)
                 if mine != conditions:
                     print(f"{name}: no recorded rows from another machine; its other-CPU conditions are skipped",
                           file=sys.stderr)

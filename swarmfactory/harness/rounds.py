@@ -180,10 +180,10 @@ def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand:
                 if name == "reference":
                     continue
                 ns = reply["ns"]
-                name = "baseline"  # the one-thread runner's waits are the yardstick's too
+            who = "candidate" if name == "candidate" else "baseline"  # SINGLE's waits are the yardstick's too
             if share is None:
-                known[name] = False
+                known[who] = False
             else:
-                stall[name] += share * ns
-                timed[name] += ns
+                stall[who] += share * ns
+                timed[who] += ns
     return {k: (stall[k] / timed[k] if known[k] and timed[k] > 0 else None) for k in stall}
