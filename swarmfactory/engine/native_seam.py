@@ -63,16 +63,12 @@ from gguf import GGMLQuantizationType as QT
 from swarmfactory import kernelref
 from swarmfactory.kernelref import KernelRef
 
-from .config import ELEMENT_OPS, NATIVE_PROBLEMS, native_family
+from .config import ELEMENT_OPS, NATIVE_FAMILIES, NATIVE_PROBLEMS, native_family
 from .kernels import KernelError, LinearKernel, Weight
 from .supply import KernelSupply, NoSupply, UnavailableKernel
 
-# The block-type matmul problems whose ABI the engine's linear ops call, and the GGUF block type
-# each takes (one C function per type, all with the same arguments).
-FAMILIES: dict[str, QT] = {"q4_1_matmul": QT.Q4_1, "q4_0_matmul": QT.Q4_0, "q5_0_matmul": QT.Q5_0,
-                           "q8_0_matmul": QT.Q8_0, "q4_k_matmul": QT.Q4_K, "q5_k_matmul": QT.Q5_K,
-                           "q6_k_matmul": QT.Q6_K}
-assert tuple(FAMILIES) == NATIVE_PROBLEMS
+# The block-type matmul problems whose ABI the engine's linear ops call, and the block type each takes.
+FAMILIES: dict[str, QT] = {problem: QT[qtype] for problem, qtype in NATIVE_FAMILIES.items()}
 
 
 def signature(symbol: str) -> str:

@@ -54,9 +54,6 @@ SOURCE_PREFIX = "derived:"
 BANDWIDTH = 20e9  # bytes/s: a nominal memory bandwidth for the time estimate of one call
 PEAK = 100e9  # flop/s: a nominal fp32 throughput for the same
 MAX_ELEMENTS = 1 << 22  # a derived matmul shape's weight elements at most (the largest bundled workload's)
-# GGUF block types with a family problem (``<type>_matmul``); dense types run on torch's sgemm.
-MATMUL_FAMILIES = {"Q4_0": "q4_0_matmul", "Q4_1": "q4_1_matmul", "Q5_0": "q5_0_matmul", "Q8_0": "q8_0_matmul",
-                   "Q4_K": "q4_k_matmul", "Q5_K": "q5_k_matmul", "Q6_K": "q6_k_matmul"}
 
 
 class DeriveError(ValueError):
@@ -176,6 +173,10 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.models.decoder import head_weight, op_weights
     from swarmfactory.engine.native_ops import ACTIVATIONS  # the engine's activation -> its problem
+    from swarmfactory.engine.config import NATIVE_FAMILIES
+
+    # GGUF block types with a family problem (``<type>_matmul``); dense types run on torch's sgemm
+    matmul_families = {qtype: problem for problem, qtype in NATIVE_FAMILIES.items()}
 
     scenario = scenario or Scenario()
     path = Path(path)
@@ -207,7 +208,7 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
         ts = [tensor(n) for n in names]
         for qtype, rows in _runs([(t.qtype.name, t.rows) for t in ts]):
             k = ts[0].cols
-            family = MATMUL_FAMILIES.get(qtype)
+            family = matmul_families.get(qtype)
             if family is None:
                 uncovered[(op, f"{qtype} weights: no family problem (they run on torch)")] += \
                     calls * max(rows * k * 4 / BANDWIDTH, 2 * rows * k * tokens / PEAK)
