@@ -36,9 +36,9 @@ DEFAULT_NATIVE_DECODE = 32
 # Kernel names with a prefix (swarmfactory/kernelref.py) name a native shared object with the
 # ABI of one of the kernel factory's block-type matmuls (engine/native_seam.py) instead of a
 # registered kernel class: one problem per GGUF block type, all with q4_1_matmul's ABI, and the
-# problems derived from a model's (FAMILY.MODEL, problems/derive.py).
-# The block-type matmul problems whose ABI the engine's linear ops call, and the GGUF block type
-# (its name) each takes: one C function per type, all with the same arguments.
+# problems derived from a model's (FAMILY.MODEL, problems/derive.py). Each problem here, with the
+# name of the GGUF block type it takes (the seam, the config's validation and the derivation read
+# this one table).
 NATIVE_FAMILIES = {"q4_1_matmul": "Q4_1", "q4_0_matmul": "Q4_0", "q5_0_matmul": "Q5_0", "q8_0_matmul": "Q8_0",
                    "q4_k_matmul": "Q4_K", "q5_k_matmul": "Q5_K", "q6_k_matmul": "Q6_K"}
 NATIVE_PROBLEMS = tuple(NATIVE_FAMILIES)
