@@ -7,8 +7,14 @@ the board carries from elsewhere (``board.transfer``: other problems, other mach
 their features), so on a new problem or a new machine it proposes from the first turn, and its own
 evidence takes over as it accumulates. Once the problem has a few measured configurations of its
 own, each source of the transferred evidence (this machine's other problems, each other machine)
-is checked against them (does a model trained on it alone rank them better than chance?); a source
-that does not is dropped, and with none left the agent uses its own evidence only. A row of
+is checked against them (does a model trained on it alone rank them better than chance, and does
+its favourite among them measure near the best of them here?); a source that fails is dropped, and
+with none left the agent uses its own evidence only. What another machine's evidence condemns is
+a hypothesis here, not a verdict: while such a source is in use, every other proposal tests its
+strongest untested claim (the best configuration so far with one knob set to a value nothing
+measured here has, the one that evidence ranks furthest below it), so a knob value that is slow
+there but fast here is found in a few evaluations instead of never, and the check above sees the
+contradiction. A row of
 another machine weighs its similarity to this one (``hardware.similarity``). Failed
 configurations train it as a heavy penalty, so it learns to avoid them too. It reads the space it
 searches through the protocol (problems/space.py) and its features (``costmodel.problem_features``),
@@ -19,6 +25,64 @@ from __future__ import annotations
 from swarmfactory.agents.base import Agent, Board, Proposal, knob_key, knob_proposal
 
 POOL = 400
+TOP_TOLERANCE = 0.10   # a source's favourite among the measured configurations: within 10% of the best of them
+
+
+def top_holds(pred, actual, top: int = 2) -> bool:
+    """Does a source's top hold on the configurations measured here? ``pred``: what a model
+    trained on the source alone predicts of them; ``actual``: their log speedups here (a failure
+    very low). It holds when the best measured of the ``top`` configurations it ranks highest is
+    within ``TOP_TOLERANCE`` of the best measured of all: a source whose favourites are beaten
+    here by one it ranks lower has a top that is not this problem's, however well it orders the
+    rest (a whole-ranking Spearman over the configurations keeps such a source)."""
+    import math
+
+    if len(actual) < 2:
+        return True
+    order = sorted(range(len(pred)), key=lambda i: -pred[i])
+    return max(actual[i] for i in order[:top]) >= max(actual) + math.log(1.0 - TOP_TOLERANCE)
+
+
+def retire(rows: list, own: list) -> list:
+    """``rows`` without the claims that this problem's own measurements contradict. A (problem,
+    machine) group of transferred rows claims against a knob value when its best configuration
+    with that value measured more than ``TOP_TOLERANCE`` below its best of all (or only failed);
+    where a configuration with that value measures within ``TOP_TOLERANCE`` of the best measured
+    here (``own``: this problem's rows on this machine), and another value of the same knob has
+    been measured here too (so that "near the best" is a comparison, not one lone measurement),
+    the claim is wrong here and the group's rows with that value are left out (here only: the
+    rows stay as they are for their own machine and problem). What the group says of its other
+    values stands."""
+    import math
+
+    good = [r for r in own if r.log_speedup is not None]
+    if not good:
+        return rows
+    bar = max(r.log_speedup for r in good) + math.log(1.0 - TOP_TOLERANCE)
+    values: dict[str, set] = {}
+    for r in good:
+        for k, v in r.knobs.items():
+            values.setdefault(k, set()).add(repr(v))
+    near = {(k, repr(v)) for r in good if r.log_speedup >= bar for k, v in r.knobs.items() if len(values[k]) > 1}
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r.problem, r.hardware_id), []).append(r)
+    out = []
+    for group in groups.values():
+        measured = [r.log_speedup for r in group if r.log_speedup is not None]
+        if not measured:
+            out += group
+            continue
+        top = max(measured) + math.log(1.0 - TOP_TOLERANCE)
+        best: dict[tuple, float] = {}
+        for r in group:
+            for k, v in r.knobs.items():
+                if (k, repr(v)) in near:
+                    s = r.log_speedup if r.log_speedup is not None else -math.inf
+                    best[(k, repr(v))] = max(best.get((k, repr(v)), -math.inf), s)
+        against = {kv for kv, s in best.items() if s < top}
+        out += [r for r in group if not any((k, repr(v)) in against for k, v in r.knobs.items())]
+    return out
 
 
 class ModelGuidedAgent(Agent):
@@ -45,43 +109,88 @@ class ModelGuidedAgent(Agent):
         return bool(self.transferred(board)) or len(board.transfer) < self.min_transfer
 
     def transferred(self, board: Board) -> list:
-        """The transferred rows of the sources that rank this problem's own measured configurations
-        better than chance. The sources are this machine's other problems and each other machine;
-        once the problem has ``check_after`` measured configurations of its own, a model trained on
-        one source alone predicts them, and a source with Spearman rho <= 0 is dropped (negative
-        transfer), so one source that hurts does not take the others with it. Every source is kept
-        until there is evidence to check it; a source of fewer than ``min_transfer`` rows, too few
-        to train a model of its own on, is kept."""
+        """The transferred rows this problem's own measurements leave standing. The sources are
+        this machine's other problems and each other machine. First, what a source's rows say
+        against a knob value that measures near the best here is retired here (``retire``).
+        Then, once the problem has ``check_after`` measured configurations of its own, a model
+        trained on one source alone predicts them, and a source is dropped (negative transfer)
+        where its Spearman rho is <= 0 or its top does not hold (``top_holds``), so one source
+        that hurts does not take the others with it. Every source is kept until there is evidence
+        to check it; a source of fewer than ``min_transfer`` rows, too few to train a model of its
+        own on, is kept."""
         from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets, spearman
 
         p, hw = board.problem, board.hardware or {}
         rows = list(board.transfer)
         own = [(e.knobs, r) for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)
                for r in [make_row(p, hw, e.knobs, e.outcome, e.speedup, e.weight)] if r is not None]
-        if len(own) < self.check_after or len(rows) < self.min_transfer:
+        if not own or len(rows) < self.min_transfer:
             return rows
         key = (p.name, id(board.transfer), len(rows), len(own))
         if self._checked[0] != key:
-            sources: dict[str, list] = {}
-            for r in rows:
-                sources.setdefault("here" if r.hardware_id == hw.get("id") else r.hardware_id, []).append(r)
-            kept = []
-            actual = [r.log_speedup if r.log_speedup is not None else -1e9 for _, r in own]
-            for name, group in sources.items():
-                if len(group) < self.min_transfer:
-                    kept += group   # too few to train a model on: nothing to check it with
-                    continue
-                mkey = (p.name, id(board.transfer), len(rows), name)
-                model = self._transfer_models.get(mkey)
-                if model is None:
-                    model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(group)))
-                    self._transfer_models[mkey] = model
-                pred, _ = model.predict(p, hw, [k for k, _ in own])
-                if spearman(pred, actual) > 0:
-                    kept += group
+            standing = retire(rows, [r for _, r in own])
+            kept = standing
+            if len(own) >= self.check_after:
+                source = lambda r: "here" if r.hardware_id == hw.get("id") else r.hardware_id
+                size: dict[str, int] = {}
+                for r in rows:
+                    size[source(r)] = size.get(source(r), 0) + 1
+                sources: dict[str, list] = {}
+                for r in standing:
+                    sources.setdefault(source(r), []).append(r)
+                kept = []
+                actual = [r.log_speedup if r.log_speedup is not None else -1e9 for _, r in own]
+                for name, group in sources.items():
+                    if size[name] < self.min_transfer:
+                        kept += group   # too few to train a model on: nothing to check it with
+                        continue
+                    mkey = key[:3] + (name, len(group))
+                    model = self._transfer_models.get(mkey)
+                    if model is None:
+                        model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(group)))
+                        self._transfer_models[mkey] = model
+                    pred, _ = model.predict(p, hw, [k for k, _ in own])
+                    if spearman(pred, actual) > 0 and top_holds(pred, actual):
+                        kept += group
             self._transfer_models = {k: v for k, v in self._transfer_models.items() if k[:3] == key[:3]}
             self._checked = (key, kept)
         return self._checked[1]
+
+    def probe(self, board: Board, transfer: list, data: list) -> Proposal | None:
+        """A test of the strongest claim of another machine's evidence that nothing here has tested:
+        the best configuration measured so far with one knob set to a value no configuration
+        measured here has, the one a model of the other machines' rows ranks furthest below it.
+        None where there is nothing to test: no other machine's rows in use (fewer than
+        ``min_transfer``, or dropped by ``transferred``), nothing measured yet, no such value left,
+        or every such value ranked above the best so far (the model's own pick tests those)."""
+        from swarmfactory.knowledge.costmodel import CostModel, relative_targets
+
+        p, hw = board.problem, board.hardware or {}
+        others = [r for r in transfer if r.hardware_id != hw.get("id")]
+        measured = [e for e in data if e.correct and e.speedup is not None]
+        if len(others) < self.min_transfer or not measured:
+            return None
+        best = max(measured, key=lambda e: e.speedup)
+        here = {(k, repr(e.knobs.get(k))) for e in data for k in p.knobs}
+        tried = board.tried()
+        variants = []
+        for k, values in p.knobs.items():
+            for v in values:
+                knobs = {**best.knobs, k: v}
+                if (k, repr(v)) not in here and p.valid_knobs(knobs) and knob_key(knobs) not in tried:
+                    variants.append(knobs)
+        if not variants:
+            return None
+        mkey = (p.name, id(board.transfer), len(board.transfer), "other machines", len(others))
+        model = self._transfer_models.get(mkey)
+        if model is None:
+            model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(others)), here=hw)
+            self._transfer_models[mkey] = model
+        pred, _ = model.predict(p, hw, [best.knobs] + variants)
+        claim, i = max((pred[0] - pred[j + 1], j) for j in range(len(variants)))
+        if claim <= 0:
+            return None
+        return knob_proposal(board, variants[i], self.name, "probe: another machine's claim", [best])
 
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
         from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets
@@ -93,6 +202,10 @@ class ModelGuidedAgent(Agent):
         transfer = self.transferred(board)
         if not p.knobs or (len(own) < self.min_points and len(transfer) < self.min_transfer):
             return []
+        if len(data) % 2 == 1:   # every other proposal tests what another machine's evidence condemns
+            test = self.probe(board, transfer, data)
+            if test is not None:
+                return [test]
         for r in own:
             r.hardware_id = hw.get("id", r.hardware_id)
         rows = relative_targets(transfer + own)

@@ -17,7 +17,8 @@ Features (names are shared across problems, so a knob or a family seen before me
 * machine: instruction-set level (AVX-512, AVX2, VNNI, BF16 flags), cores, cache sizes, vendor and
   memory bandwidth where recorded;
 * knobs: numeric values as log2 under the knob's name, other values one-hot ``name=value``, and
-  ``threads_on`` (any parallel scheme against ``none``), the knob every template has.
+  ``threads_on`` (any parallel scheme against ``none``), the knob every template has; the vector
+  width ``vw`` against the machine's own register width (``knob_features``).
 
 Rows of the problem being searched, on this machine, weigh at least ``OWN_WEIGHT`` times a
 transferred row, and together grow to the weight of everything transferred by ``OWN_SHARE_AT``
@@ -45,6 +46,7 @@ FAIL = -2.0          # relative log speedup a failed configuration trains as (e^
 OWN_WEIGHT = 4.0     # least weight of a row of the searched problem on this machine
 OWN_SHARE_AT = 20    # own rows at which they weigh as much as all transferred rows together
 MAX_ROWS = 6000      # most recent rows a model trains on (the store can hold far more)
+VW_AGAINST_LANES = True   # the vector width as a share of the machine's register (False: as is; an ablation)
 
 
 def _log10(x: float) -> float:
@@ -102,11 +104,34 @@ def hardware_features(hw: dict | None) -> dict[str, float]:
     return f
 
 
-def knob_features(knobs: dict[str, Any]) -> dict[str, float]:
+def fp32_lanes(hw: dict | None) -> int | None:
+    """fp32 lanes of the widest vector register the machine's flags give (16 with AVX-512, 8 with
+    AVX/AVX2, 4 with SSE or NEON); None for a machine described without its flags."""
+    flags = set((hw or {}).get("features") or ())
+    if not flags:
+        return None
+    if "avx512f" in flags:
+        return 16
+    if flags & {"avx", "avx2"}:
+        return 8
+    return 4
+
+
+def knob_features(knobs: dict[str, Any], hardware: dict | None = None) -> dict[str, float]:
+    """Numeric knobs as log2 under their name, others one-hot. The vector width ``vw`` (fp32
+    lanes, as every bundled template counts it) is taken against the machine's own registers
+    where its flags are known (``knob:vw/lanes``, log2 of vw over ``fp32_lanes``): vw=8 on an
+    AVX2 machine is what vw=16 is on an AVX-512 one (one full register; twice that spills
+    into pairs, and on the AVX2 machines measured, into far slower code), so what one machine's
+    evidence says of its full-register width carries to the other's."""
     f: dict[str, float] = {}
+    lanes = fp32_lanes(hardware) if VW_AGAINST_LANES else None
     for name, value in knobs.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            f[f"knob:{name}"] = math.log2(value) if value > 0 else float(value)
+            if name == "vw" and lanes and value > 0:
+                f["knob:vw/lanes"] = math.log2(value / lanes)
+            else:
+                f[f"knob:{name}"] = math.log2(value) if value > 0 else float(value)
         else:
             f[f"knob:{name}={value}"] = 1.0
     if "threads" in knobs:
@@ -138,7 +163,7 @@ def make_row(problem, hardware: dict | None, knobs: dict, outcome: str, speedup:
         log_s, weight = None, 1.0
     else:
         return None
-    feats = {**problem_features(problem), **hardware_features(hardware), **knob_features(knobs)}
+    feats = {**problem_features(problem), **hardware_features(hardware), **knob_features(knobs, hardware)}
     return Row(problem.name, (hardware or {}).get("id", "?"), feats, dict(knobs), log_s, weight=weight,
                hardware=hardware)
 
@@ -266,7 +291,7 @@ class CostModel:
 
     def predict(self, problem, hardware: dict | None, configs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         base = {**problem_features(problem), **hardware_features(hardware)}
-        X = self._matrix([{**base, **knob_features(k)} for k in configs])
+        X = self._matrix([{**base, **knob_features(k, hardware)} for k in configs])
         preds = np.array([m.predict(X) for m in self.fitted])
         return preds.mean(axis=0), preds.std(axis=0)
 

@@ -50,6 +50,10 @@ def test_features_describe_problem_machine_and_knobs(sweep):
     assert (h4["cores"], h3["cores"], h4["log_cache_l2"], h3["log_cache_l2"]) == (2, 16, 10, 9)
     kf = knob_features({"vw": 16, "threads": "omp", "algo": "one_pass"})
     assert kf == {"knob:vw": 4.0, "knob:threads=omp": 1.0, "knob:algo=one_pass": 1.0, "threads_on": 1.0}
+    # the vector width counts against the machine's registers: one full register on either machine
+    assert knob_features({"vw": 16}, zen4) == knob_features({"vw": 8}, zen3) == {"knob:vw/lanes": 0.0}
+    assert knob_features({"vw": 16}, zen3) == {"knob:vw/lanes": 1.0}
+    assert knob_features({"vw": 4}, {"features": ["sse4_2"]}) == {"knob:vw/lanes": 0.0}
 
 
 def test_rows_merge_repeats_and_failures():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from swarmfactory.agents.base import Board, Entry
-from swarmfactory.agents.model_guided import ModelGuidedAgent
+from swarmfactory.agents.model_guided import ModelGuidedAgent, retire, top_holds
 from swarmfactory.evidence.store import Store
 from swarmfactory.hardware import machine_profile, memory_bandwidth, microarchitecture, similarity
 from swarmfactory.knowledge.analyst import Analyst
@@ -99,8 +99,17 @@ def _learnt_on(store, hardware, problem, **plant_kw):
         store.hardware = here
 
 
-def test_a_lesson_from_another_machine_is_retired_here_by_the_first_contradiction_and_stays_there(tmp_path, rmsnorm):
+def _store_on(tmp_path, hardware):
+    """A store whose machine is ``hardware`` (a described one, so that how alike the machines are,
+    and with it what a lesson of another weighs here, does not depend on the machine the tests run
+    on: on an AVX2 machine an Intel AVX-512 lesson weighs below what makes a prior)."""
     store = Store(str(tmp_path / "e.db"))
+    store.hardware = dict(hardware)
+    return store
+
+
+def test_a_lesson_from_another_machine_is_retired_here_by_the_first_contradiction_and_stays_there(tmp_path, rmsnorm):
+    store = _store_on(tmp_path, GENOA)
     here = store.hardware
     _learnt_on(store, INTEL, rmsnorm, pairs=6, none_over_omp=1.4)
     lesson = _lesson(store, "rmsnorm", "threads")
@@ -134,7 +143,7 @@ def test_a_lesson_from_another_machine_is_retired_here_by_the_first_contradictio
 
 
 def test_a_lesson_from_another_machine_counts_in_full_only_once_confirmed_here(tmp_path, rmsnorm):
-    store = Store(str(tmp_path / "e.db"))
+    store = _store_on(tmp_path, GENOA)
     here = store.hardware
     _learnt_on(store, MILAN, rmsnorm, pairs=6, none_over_omp=1.4)
     lesson = _lesson(store, "rmsnorm", "threads")
@@ -310,13 +319,80 @@ def test_a_transferred_source_that_hurts_is_dropped_and_one_that_helps_kept():
     own = [Entry(f"c{i}", k, "faster", speed(k), "x", 0) for i, k in enumerate(rng.sample(space, 6))]
     agent = ModelGuidedAgent()
     early = Board(problem, own[:3], None, [], random.Random(0), transfer=transfer, hardware=here)
-    assert len(agent.transferred(early)) == 80 and agent.leads(early)   # nothing to check them with yet
+    first = agent.transferred(early)   # too little to check a source with yet: kept, less its contradicted claims
+    assert len([r for r in first if r.hardware_id == here["id"]]) == 40 and agent.leads(early)
+    assert 0 < len([r for r in first if r.hardware_id == INTEL["id"]]) < 40
     board = Board(problem, own, None, [], random.Random(0), transfer=transfer, hardware=here)
     kept = agent.transferred(board)
     assert {r.hardware_id for r in kept} == {here["id"]} and len(kept) == 40
     assert agent.transfer_holds(board)
     props = agent.propose(board, 2)
     assert props and all(p.knobs["vw"] >= 8 for p in props)
+
+
+def _knobs(problem, **kw):
+    return {**problem.knob_defaults, **kw}
+
+
+def test_what_a_source_says_against_a_value_that_measures_near_the_best_here_is_retired_here():
+    problem = _quick("rmsnorm")
+    space = [dict(zip(problem.knobs, c)) for c in itertools.product(*problem.knobs.values())]
+    there = lambda k: (0.2 if k["vw"] == 16 else 1.0) * (1.5 if k["threads"] == "none" else 1.0)
+    rows = relative_targets([make_row(problem, INTEL, k, "faster", there(k)) for k in space])
+    own = lambda *pairs: [make_row(problem, GENOA, _knobs(problem, vw=vw), "faster", s) for vw, s in pairs]
+    # here vw=16 measures best: what the other machine says against it goes, what it says of the rest stays
+    kept = retire(rows, own((8, 1.0), (16, 1.3)))
+    assert kept == [r for r in rows if r.knobs["vw"] != 16]
+    assert retire(rows, own((8, 1.0), (16, 0.93))) == kept          # within 10% of the best: near it
+    # no contradiction: vw=16 measured well below the best here, or alone (one measurement compares nothing)
+    assert retire(rows, own((8, 1.0), (16, 0.5))) == rows
+    assert retire(rows, own((16, 1.3))) == rows
+    # a failure there is a claim against the value as well
+    failing = relative_targets([make_row(problem, INTEL, k, "wrong" if k["vw"] == 16 else "faster", there(k))
+                                for k in space])
+    assert all(r.knobs["vw"] != 16 for r in retire(failing, own((8, 1.0), (16, 1.3))))
+    # the agent reads the board's rows through it and leaves the board's list as it was
+    entries = [Entry(f"c{vw}", _knobs(problem, vw=vw), "faster", s, "x", 0) for vw, s in ((8, 1.0), (16, 1.3))]
+    board = Board(problem, entries, None, [], random.Random(0), transfer=rows, hardware=GENOA)
+    assert ModelGuidedAgent().transferred(board) == kept and len(board.transfer) == len(space)
+
+
+def test_the_top_of_a_source_must_hold_here():
+    assert top_holds([3, 2, 1], [1.0, 0.5, 0.2])                 # its favourite is the best here
+    assert top_holds([3, 2, 1], [0.5, 1.0, 0.2])                 # its second is
+    assert top_holds([3, 2, 1], [0.95, 0.5, 1.0])                # its favourite within 10% of the best
+    assert not top_holds([3, 2, 1], [0.5, 0.4, 1.0])             # one it ranks last beats both its favourites
+    assert not top_holds([3, 2, 1], [-1e9, 0.4, 1.0])            # its favourite fails here
+
+
+def test_the_strongest_untested_claim_of_another_machine_is_tested_every_other_proposal():
+    problem = _quick("rmsnorm")
+    space = [dict(zip(problem.knobs, c)) for c in itertools.product(*problem.knobs.values())]
+    there = lambda k: {1: 0.3, 4: 0.8, 8: 1.0, 16: 0.05}[k["vw"]] * (1.0 if k["threads"] == "none" else 0.7)
+    rows = relative_targets([make_row(problem, INTEL, k, "faster", there(k))
+                             for k in random.Random(1).sample(space, 80)])
+    start = _knobs(problem, vw=8)
+    entries = [Entry("c0", start, "faster", 1.0, "x", 0)]
+    agent = ModelGuidedAgent(epsilon=0.0)
+    board = lambda: Board(problem, list(entries), None, [], random.Random(0), transfer=rows, hardware=GENOA)
+    (probe,) = agent.propose(board(), 1)
+    # the best so far with one knob changed: the value the other machine's evidence condemns most
+    assert probe.operator.startswith("probe") and probe.knobs == {**start, "vw": 16}
+    entries.append(Entry("c1", probe.knobs, "faster", 1.4, "x", 0))
+    (pick,) = agent.propose(board(), 1)
+    assert not pick.operator.startswith("probe")                  # probes alternate with the model's picks
+    entries.append(Entry("c2", pick.knobs, "faster", 0.9, "x", 0))
+    (probe,) = agent.propose(board(), 1)
+    tested = {(k, repr(e.knobs[k])) for e in entries for k in e.knobs}
+    changed = [k for k in probe.knobs if probe.knobs[k] != entries[1].knobs[k]]
+    assert probe.operator.startswith("probe") and len(changed) == 1     # around the new best, vw=16
+    assert (changed[0], repr(probe.knobs[changed[0]])) not in tested    # a value not measured here yet
+    # evidence of this machine only (other problems): nothing to test, the model proposes
+    local = relative_targets([make_row(problem, GENOA, k, "faster", there(k)) for k in random.Random(1).sample(space, 80)])
+    for r in local:
+        r.problem = "layernorm"
+    one = Board(problem, entries[:1], None, [], random.Random(0), transfer=local, hardware=GENOA)
+    assert all(not p.operator.startswith("probe") for p in agent.propose(one, 2))
 
 
 def test_swarmfactory_lessons_shows_where_a_lesson_was_retired_as_a_hypothesis(tmp_path, rmsnorm):
