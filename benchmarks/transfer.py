@@ -40,6 +40,14 @@ median with a bootstrap 95% CI (over seeds, both conditions resampled).
     python benchmarks/transfer.py                                   # the four transfer problems
     python benchmarks/transfer.py --problems layernorm --seeds 10 --jobs 2 --json out.json
 
+**Which machines.** ``--native`` picks the replayed machine and ``--other`` "the other CPU" among
+the recorded ones (a fingerprint id or its prefix; default: the machine with the most rows, then
+the next). The bundled recordings hold an AMD Zen 4 (AVX-512), the same masked to AVX2, and an
+AMD Zen 3 (AVX2), so transfer runs between real machines both ways:
+
+    python benchmarks/transfer.py --data benchmarks/data/knob_sweep.jsonl \
+        --data benchmarks/data/knob_sweep_zen3.jsonl --native b2ef6eb8b97b --other 87d466a2dc31
+
 **From one model to the next.** ``--data`` may be given several times (the sweeps merge), and
 ``--sources`` names the problems "other problems" and the nearest-problem copies may draw from.
 The second model's derived problems (``swarmfactory problems --from-model FILE``, then
@@ -323,9 +331,12 @@ def goals_for(name: str, data: dict) -> tuple[dict[str, set[str]], dict]:
                    "space": len(data["native"][name]), "at_target": {g: len(k) for g, k in goals.items()}}
 
 
-def load_data(paths: Path | list[Path], sources: list[str] | None = None) -> dict:
+def load_data(paths: Path | list[Path], sources: list[str] | None = None, native: str | None = None,
+              other: str | None = None) -> dict:
     """The recorded sweep(s) in ``paths`` (JSON lines; several files merge), grouped by machine and
-    problem; ``sources``: the problems "other problems" may draw from (None: every other one)."""
+    problem; ``sources``: the problems "other problems" may draw from (None: every other one);
+    ``native`` / ``other``: the fingerprint ids (or a prefix) of the replayed machine and of "the
+    other CPU" (default: the machine with the most rows, then the next)."""
     paths = [paths] if isinstance(paths, Path) else list(paths)
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
     confirm_rows = [r for r in rows if r.get("confirm")]
@@ -335,6 +346,13 @@ def load_data(paths: Path | list[Path], sources: list[str] | None = None) -> dic
         by_hw.setdefault(r["hardware"]["id"], []).append(r)
     # the machine with the most rows is the replayed one; the next "the other CPU"
     order = sorted(by_hw, key=lambda h: -len(by_hw[h]))
+    for pos, want in ((0, native), (1, other)):
+        if want:
+            match = [h for h in by_hw if h.startswith(want)]
+            if len(match) != 1:
+                raise SystemExit(f"no single recorded machine has the id {want!r}; recorded: {', '.join(sorted(by_hw))}")
+            order.remove(match[0])
+            order.insert(pos, match[0])
     merged = lambda rs: {k: v for r in rs for k, v in r["hardware"].items()}   # rows recorded before a field existed lack it
     native_hw = merged(by_hw[order[0]])
     other_hw = merged(by_hw[order[1]]) if len(order) > 1 else None
@@ -355,7 +373,11 @@ def _one(args: tuple) -> dict:
     logging.getLogger("swarmfactory").setLevel(logging.ERROR)
     from swarmfactory.problems import load_problem
 
-    name, condition, seed, data, goals, budget, other_sample, machine_sample, workdir, agents = args
+    name, condition, seed, data, goals, budget, other_sample, machine_sample, workdir, agents, vw_absolute = args
+    if vw_absolute:
+        from swarmfactory.knowledge import costmodel
+
+        costmodel.VW_AGAINST_LANES = False
     problem = load_problem(name)
     if condition in BASELINES:
         sample = machine_sample if condition.startswith("copy: other CPU") else other_sample
@@ -409,6 +431,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", default=None,
                     help="the recorded problems that 'other problems' (and its copy baselines) draw from, "
                          "comma-separated (default: every other recorded problem)")
+    ap.add_argument("--native", default=None,
+                    help="the replayed machine: a recorded fingerprint id or its prefix (default: the one with most rows)")
+    ap.add_argument("--other", default=None,
+                    help="'the other CPU': a recorded fingerprint id or its prefix (default: the one with the next most rows)")
     ap.add_argument("--problems", default=TARGETS)
     ap.add_argument("--seeds", type=int, default=40)
     ap.add_argument("--budget", type=int, default=80, help="evaluations before a search is censored")
@@ -417,6 +443,9 @@ def main(argv=None) -> int:
     ap.add_argument("--conditions", default=",".join(CONDITIONS), help="comma-separated; default: all")
     ap.add_argument("--agents", default="default", help="the swarm's agents (as `swarmfactory run --agents`)")
     ap.add_argument("--jobs", type=int, default=1, help="trials run at once (worker processes)")
+    ap.add_argument("--vw-absolute", action="store_true",
+                    help="ablation: the cost model takes the vector width as is, not against the machine's "
+                         "register width (costmodel.VW_AGAINST_LANES)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -424,7 +453,10 @@ def main(argv=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     sources = [s.strip() for s in args.sources.split(",") if s.strip()] if args.sources else None
-    data = load_data(args.data or [DATA], sources)
+    data = load_data(args.data or [DATA], sources, args.native, args.other)
+    print(f"replayed machine: {data['native_hw'].get('model')} ({data['native_hw']['id']}); other CPU: "
+          + (f"{data['other_hw'].get('model')} ({data['other_hw']['id']})" if data["other_hw"] else "none"),
+          file=sys.stderr)
     unknown_sources = sorted(set(sources or ()) - set(data["native"]))
     if unknown_sources:
         ap.error(f"--sources names problems with no recorded rows: {', '.join(unknown_sources)}")
@@ -462,8 +494,8 @@ def main(argv=None) -> int:
                 if mine != conditions:
                     print(f"{name}: no recorded rows from another machine; its other-CPU conditions are skipped",
                           file=sys.stderr)
-            jobs += [(name, c, s, data, goals, args.budget, args.other_sample, args.machine_sample, tmp, args.agents)
-                     for c in mine for s in range(args.seeds)]
+            jobs += [(name, c, s, data, goals, args.budget, args.other_sample, args.machine_sample, tmp, args.agents,
+                      args.vw_absolute) for c in mine for s in range(args.seeds)]
         bar = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=Console(stderr=True))
         task = bar.add_task("trials", total=len(jobs))
