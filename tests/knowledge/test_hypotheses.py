@@ -303,6 +303,15 @@ def test_the_goals_are_set_from_the_confirmed_best_and_the_baselines_order_the_s
     assert bench.nearest_problem("layernorm", only) == "geglu"
     assert bench._is_source("geglu", only) and not bench._is_source("rmsnorm", only)
     assert all(bench._is_source(name, data) for name in data["native"])
+    # two real machines recorded: either one replayed, the other its "other CPU"
+    both = [bench.DATA, bench.DATA.with_name("knob_sweep_zen3.jsonl")]
+    zen3 = bench.load_data(both, native="b2ef", other="87d4")
+    assert zen3["native_hw"]["id"].startswith("b2ef") and zen3["other_hw"]["id"].startswith("87d4")
+    assert "avx512f" not in zen3["native_hw"]["features"] and len(zen3["native"]["geglu"]) == 96
+    assert zen3["confirm"]["geglu"] and bench.goals_for("geglu", zen3)[1]["confirmed"]
+    assert bench.load_data(both)["native_hw"]["id"].startswith("87d4")      # default: the most rows
+    with pytest.raises(SystemExit, match="no single recorded machine"):
+        bench.load_data(both, native="ffff")
 
 
 def test_a_transferred_source_that_hurts_is_dropped_and_one_that_helps_kept():
