@@ -114,8 +114,9 @@ class ModelGuidedAgent(Agent):
         against a knob value that measures near the best here is retired here (``retire``).
         Then, once the problem has ``check_after`` measured configurations of its own, a model
         trained on one source alone predicts them, and a source is dropped (negative transfer)
-        where its Spearman rho is <= 0 or its top does not hold (``top_holds``), so one source
-        that hurts does not take the others with it. Every source is kept until there is evidence
+        where its Spearman rho is <= 0 or its top does not hold (``top_holds``), or where so much of
+        it was retired that fewer than ``min_transfer`` of its rows stand, so one source that hurts
+        does not take the others with it. Every source is kept until there is evidence
         to check it; a source of fewer than ``min_transfer`` rows, too few to train a model of its
         own on, is kept."""
         from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets, spearman
@@ -144,6 +145,8 @@ class ModelGuidedAgent(Agent):
                     if size[name] < self.min_transfer:
                         kept += group   # too few to train a model on: nothing to check it with
                         continue
+                    if len(group) < self.min_transfer:
+                        continue        # so much of it contradicted here that too little stands to check
                     mkey = key[:3] + (name, len(group))
                     model = self._transfer_models.get(mkey)
                     if model is None:

@@ -283,8 +283,10 @@ class CostModel:
         self.fitted = []
         for _ in range(self.models):
             idx = rng.integers(0, len(rows), len(rows)) if self.models > 1 else np.arange(len(rows))
+            # a few rows train on all of them: a 90% subsample of them can leave no row out of the bag
             m = GradientBoostingRegressor(n_estimators=self.n_estimators, max_depth=3, learning_rate=0.1,
-                                          subsample=0.9, random_state=int(rng.integers(1 << 30)))
+                                          subsample=0.9 if len(rows) >= 20 else 1.0,
+                                          random_state=int(rng.integers(1 << 30)))
             m.fit(X[idx], y[idx], sample_weight=w[idx])
             self.fitted.append(m)
         return self

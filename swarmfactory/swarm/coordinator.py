@@ -163,6 +163,7 @@ class Coordinator(Factory):
         self._orphans_at = 0.0
         self.counts: Counter = Counter()
         self.duplicates = 0
+        self._lead_failures: set[str] = set()   # agents whose leads() raised (warned once)
         self.analyst = Analyst(store)
         self.lessons_written = 0
         self.states: dict[str, ProblemState] = {}
@@ -449,7 +450,8 @@ class Coordinator(Factory):
                           self.rng, budget_left, priors=st.knowledge.priors, transfer=st.knowledge.rows,
                           hardware=self.store.hardware)
             order = self.bandit.order()
-            order = [a for a in order if self.agents[a].leads(board)] + [a for a in order if not self.agents[a].leads(board)]
+            first = {a for a in order if self._leads(a, board)}
+            order = [a for a in order if a in first] + [a for a in order if a not in first]
             for agent_name in order:
                 try:
                     props = self.agents[agent_name].propose(board, PROPOSALS_PER_ASK)
@@ -471,6 +473,17 @@ class Coordinator(Factory):
             if self._space_exhausted(st):
                 st.exhausted = True
         return None
+
+    def _leads(self, agent_name: str, board: Board) -> bool:
+        """Does the agent ask to propose first? An agent's bug here costs it its place, not the run."""
+        try:
+            return bool(self.agents[agent_name].leads(board))
+        except Exception:
+            if agent_name not in self._lead_failures:   # once per agent, not at every turn
+                self._lead_failures.add(agent_name)
+                log.warning("agent %s failed to say whether it leads; it takes its turns in the bandit's order",
+                            agent_name, exc_info=True)
+            return False
 
     @staticmethod
     def _space_exhausted(st: ProblemState) -> bool:

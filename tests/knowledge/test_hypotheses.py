@@ -404,6 +404,29 @@ def test_the_strongest_untested_claim_of_another_machine_is_tested_every_other_p
     assert all(not p.operator.startswith("probe") for p in agent.propose(one, 2))
 
 
+def test_a_source_mostly_contradicted_here_is_dropped_not_checked_on_the_few_rows_left():
+    problem = _quick("rmsnorm")
+    space = [dict(zip(problem.knobs, c)) for c in itertools.product(*problem.knobs.values())]
+    # 27 rows that say vw=16 is slow, 3 that do not mention it: here vw=16 is the best
+    rows = [make_row(problem, INTEL, k, "faster", 0.2) for k in space if k["vw"] == 16][:27]
+    rows += [make_row(problem, INTEL, k, "faster", 1.0) for k in space if k["vw"] == 8][:3]
+    rows = relative_targets(rows)
+    entries = [Entry(f"c{i}", _knobs(problem, vw=vw, acc=acc), "faster", s, "x", 0)
+               for i, (vw, acc, s) in enumerate([(8, 1, 1.0), (16, 1, 1.3), (16, 2, 1.25), (4, 1, 0.6), (1, 1, 0.3)])]
+    board = Board(problem, entries, None, [], random.Random(0), transfer=rows, hardware=GENOA)
+    agent = ModelGuidedAgent()
+    assert agent.transferred(board) == [] and not agent.leads(board)
+
+
+def test_an_agent_that_fails_to_say_whether_it_leads_costs_it_its_place_not_the_run(tmp_path, monkeypatch):
+    def broken(self, board):
+        raise ValueError("a bug in leads")
+
+    monkeypatch.setattr(ModelGuidedAgent, "leads", broken)
+    store = _short_run(tmp_path, monkeypatch, lambda k: 1 + k["vw"] / 16, 0.05, 3)
+    assert store.runs()[-1].status == "finished"
+
+
 def test_swarmfactory_lessons_shows_where_a_lesson_was_retired_as_a_hypothesis(tmp_path, rmsnorm):
     sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
     from cli_support import sf
