@@ -170,7 +170,9 @@ def test_verification_and_timing_see_the_same_environment(monkeypatch):
 
     monkeypatch.setattr(cand.subprocess, "Popen", spy)
     v = evaluate("rmsnorm/good", measure_cpus=(0,), verify_cpus=(0,))
-    assert v.outcome in CORRECT, v.detail
+    # on a machine too busy to time it the verdict is inconclusive, but the timed rounds ran and
+    # their environment is what is under test here
+    assert v.outcome in CORRECT or (v.outcome is Outcome.INCONCLUSIVE and "too busy" in v.detail), v.detail
     assert len(seen) >= 2
     shapes = {tuple(sorted((k, v if k not in ("HOME", "TMPDIR") else "dir") for k, v in env.items()))
               for env in seen if env["OMP_NUM_THREADS"] == "1"}
