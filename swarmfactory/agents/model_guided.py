@@ -119,7 +119,7 @@ class ModelGuidedAgent(Agent):
         does not take the others with it. Every source is kept until there is evidence
         to check it; a source of fewer than ``min_transfer`` rows, too few to train a model of its
         own on, is kept."""
-        from swarmfactory.knowledge.costmodel import CostModel, make_row, relative_targets, spearman
+        from swarmfactory.knowledge.costmodel import make_row, spearman
 
         p, hw = board.problem, board.hardware or {}
         rows = list(board.transfer)
@@ -147,17 +147,25 @@ class ModelGuidedAgent(Agent):
                         continue
                     if len(group) < self.min_transfer:
                         continue        # so much of it contradicted here that too little stands to check
-                    mkey = key[:3] + (name, len(group))
-                    model = self._transfer_models.get(mkey)
-                    if model is None:
-                        model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(group)))
-                        self._transfer_models[mkey] = model
-                    pred, _ = model.predict(p, hw, [k for k, _ in own])
+                    pred, _ = self._model_of(key[:3], group).predict(p, hw, [k for k, _ in own])
                     if spearman(pred, actual) > 0 and top_holds(pred, actual):
                         kept += group
             self._transfer_models = {k: v for k, v in self._transfer_models.items() if k[:3] == key[:3]}
             self._checked = (key, kept)
         return self._checked[1]
+
+    def _model_of(self, board_key: tuple, rows: list, here: dict | None = None):
+        """A one-tree-ensemble model of ``rows`` alone, cached while the board's transferred rows are
+        the same (``board_key``) and keyed by which rows they are: retirement can leave a source as
+        many rows as before but other ones."""
+        from swarmfactory.knowledge.costmodel import CostModel, relative_targets
+
+        mkey = board_key + (tuple(id(r) for r in rows), here is not None)
+        model = self._transfer_models.get(mkey)
+        if model is None:
+            model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(rows)), here=here)
+            self._transfer_models[mkey] = model
+        return model
 
     def probe(self, board: Board, transfer: list, data: list) -> Proposal | None:
         """A test of the strongest claim of another machine's evidence that nothing here has tested:
@@ -166,8 +174,6 @@ class ModelGuidedAgent(Agent):
         None where there is nothing to test: no other machine's rows in use (fewer than
         ``min_transfer``, or dropped by ``transferred``), nothing measured yet, no such value left,
         or every such value ranked above the best so far (the model's own pick tests those)."""
-        from swarmfactory.knowledge.costmodel import CostModel, relative_targets
-
         p, hw = board.problem, board.hardware or {}
         others = [r for r in transfer if r.hardware_id != hw.get("id")]
         measured = [e for e in data if e.correct and e.speedup is not None]
@@ -184,11 +190,7 @@ class ModelGuidedAgent(Agent):
                     variants.append(knobs)
         if not variants:
             return None
-        mkey = (p.name, id(board.transfer), len(board.transfer), "other machines", len(others))
-        model = self._transfer_models.get(mkey)
-        if model is None:
-            model = CostModel(models=1, n_estimators=60, seed=0).fit(relative_targets(list(others)), here=hw)
-            self._transfer_models[mkey] = model
+        model = self._model_of((p.name, id(board.transfer), len(board.transfer)), others, here=hw)
         pred, _ = model.predict(p, hw, [best.knobs] + variants)
         claim, i = max((pred[0] - pred[j + 1], j) for j in range(len(variants)))
         if claim <= 0:
