@@ -144,6 +144,7 @@ class Agent(ABC):
 
     name: str = "agent"
     stopped: str | None = None
+    lead_rank: int = 1   # among agents that lead on a board, the lower rank is asked first
 
     @abstractmethod
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:
@@ -152,7 +153,8 @@ class Agent(ABC):
     def leads(self, board: Board) -> bool:
         """True when this agent should be asked before the bandit's order on this board (it knows
         something the others do not yet: the model-guided agent with transferred evidence on a
-        problem that has little of its own). False by default."""
+        problem that has little of its own; the seed agent while the template's defaults are
+        untried). Leaders are asked in ``lead_rank`` order. False by default."""
         return False
 
     def bind(self, store, run_id: str) -> None:

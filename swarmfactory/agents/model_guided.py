@@ -10,11 +10,12 @@ own, each source of the transferred evidence (this machine's other problems, eac
 is checked against them (does a model trained on it alone rank them better than chance, and does
 its favourite among them measure near the best of them here?); a source that fails is dropped, and
 with none left the agent uses its own evidence only. What another machine's evidence condemns is
-a hypothesis here, not a verdict: while such a source is in use, every other proposal tests its
-strongest untested claim (the best configuration so far with one knob set to a value nothing
+a hypothesis here, not a verdict: while such a source is in use and its advice stalls (the last
+evaluation did not beat the best before it, and was not itself a probe), the next proposal tests
+its strongest untested claim (the best configuration so far with one knob set to a value nothing
 measured here has, the one that evidence ranks furthest below it), so a knob value that is slow
 there but fast here is found in a few evaluations instead of never, and the check above sees the
-contradiction. A row of
+contradiction; while its advice keeps improving on the best, it is followed. A row of
 another machine weighs its similarity to this one (``hardware.similarity``). Failed
 configurations train it as a heavy penalty, so it learns to avoid them too. It reads the space it
 searches through the protocol (problems/space.py) and its features (``costmodel.problem_features``),
@@ -94,6 +95,7 @@ class ModelGuidedAgent(Agent):
         self.min_transfer, self.lead_for, self.check_after = min_transfer, lead_for, check_after
         self._transfer_models: dict = {}
         self._checked: tuple = (None, [])
+        self._probes: set[str] = set()   # knob keys of the probes proposed (per problem: keys hold the knobs only)
 
     def leads(self, board: Board) -> bool:
         """With transferred evidence and fewer than ``lead_for`` measured configurations of its own,
@@ -102,7 +104,7 @@ class ModelGuidedAgent(Agent):
         if len(board.transfer) < self.min_transfer:
             return False
         own = sum(1 for e in board.entries if e.knobs is not None and e.speedup is not None)
-        return own < self.lead_for and len(self.transferred(board)) >= self.min_transfer
+        return own < self.lead_for and len(self.transferred(board)) > 0
 
     def transfer_holds(self, board: Board) -> bool:
         """Does any source of what was transferred hold on this problem (``transferred``)?"""
@@ -167,6 +169,17 @@ class ModelGuidedAgent(Agent):
             self._transfer_models[mkey] = model
         return model
 
+    def stalled(self, data: list) -> bool:
+        """Did the last evaluation (``data`` in evaluation order) fail to beat the best before it,
+        without being a probe itself? (A failure or an unmeasured candidate beats nothing; one
+        still in flight is not an evaluation yet.)"""
+        data = [e for e in data if e.outcome != "pending"]
+        if len(data) < 2 or data[-1].knobs is None or knob_key(data[-1].knobs) in self._probes:
+            return False
+        before = [e.speedup for e in data[:-1] if e.correct and e.speedup is not None]
+        last = data[-1]
+        return not (last.correct and last.speedup is not None and last.speedup > max(before, default=0.0))
+
     def probe(self, board: Board, transfer: list, data: list) -> Proposal | None:
         """A test of the strongest claim of another machine's evidence that nothing here has tested:
         the best configuration measured so far with one knob set to a value no configuration
@@ -205,11 +218,12 @@ class ModelGuidedAgent(Agent):
         data = [e for e in board.entries if e.knobs is not None and set(e.knobs) == set(p.knobs)]
         own = [r for r in (make_row(p, hw, e.knobs, e.outcome, e.speedup, e.weight) for e in data) if r is not None]
         transfer = self.transferred(board)
-        if not p.knobs or (len(own) < self.min_points and len(transfer) < self.min_transfer):
+        if not p.knobs or (len(own) < self.min_points and (len(board.transfer) < self.min_transfer or not transfer)):
             return []
-        if len(data) % 2 == 1:   # every other proposal tests what another machine's evidence condemns
+        if self.stalled(data):   # the advice stalls: test what another machine's evidence condemns
             test = self.probe(board, transfer, data)
             if test is not None:
+                self._probes.add(knob_key(test.knobs))
                 return [test]
         for r in own:
             r.hardware_id = hw.get("id", r.hardware_id)

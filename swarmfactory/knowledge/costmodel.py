@@ -222,7 +222,11 @@ def evidence_rows(store) -> list[Row]:
 
 def relative_targets(rows: list[Row]) -> list[Row]:
     """Set each row's target: its log speedup minus its (problem, machine) group's median;
-    failures ``FAIL``."""
+    failures ``FAIL``. Returns the rows that say something: a measured row alone in its group
+    is its own median (target 0 whatever it measured), so it is left out; a failure says
+    something on its own and stays. (The first measurement of a problem, the template's
+    defaults, would otherwise teach the model that the defaults' knob values are average, with
+    all the weight a problem's own rows carry.)"""
     groups: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         if r.log_speedup is not None:
@@ -230,7 +234,7 @@ def relative_targets(rows: list[Row]) -> list[Row]:
     med = {k: float(np.median(v)) for k, v in groups.items()}
     for r in rows:
         r.target = FAIL if r.log_speedup is None else r.log_speedup - med[(r.problem, r.hardware_id)]
-    return rows
+    return [r for r in rows if r.log_speedup is None or len(groups[(r.problem, r.hardware_id)]) > 1]
 
 
 class CostModel:

@@ -450,8 +450,9 @@ class Coordinator(Factory):
                           self.rng, budget_left, priors=st.knowledge.priors, transfer=st.knowledge.rows,
                           hardware=self.store.hardware)
             order = self.bandit.order()
-            first = {a for a in order if self._leads(a, board)}
-            order = [a for a in order if a in first] + [a for a in order if a not in first]
+            first = sorted((a for a in order if self._leads(a, board)),
+                           key=lambda a: getattr(self.agents[a], "lead_rank", 1))
+            order = first + [a for a in order if a not in first]
             for agent_name in order:
                 try:
                     props = self.agents[agent_name].propose(board, PROPOSALS_PER_ASK)

@@ -62,12 +62,18 @@ def test_rows_merge_repeats_and_failures():
           {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 8}, "outcome": "faster", "speedup": 3.0},
           {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 8}, "outcome": "wrong", "speedup": None},
           {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 1}, "outcome": "verified", "speedup": None},
+          {"problem": "rmsnorm", "hardware": {"id": "h"}, "knobs": {"vw": 16}, "outcome": "faster", "speedup": 1.0},
           {"problem": "no_such_problem", "hardware": {"id": "h"}, "knobs": {"vw": 1}, "outcome": "faster", "speedup": 1.0}]
     rows = relative_targets(rows_from_evidence(ev))
     by = {r.knobs["vw"]: r for r in rows}
-    assert set(by) == {4, 8}                                   # unmeasured and unknown problems teach nothing
+    assert set(by) == {4, 8, 16}                               # unmeasured and unknown problems teach nothing
     assert by[4].log_speedup == pytest.approx(math.log(4.0))   # the geometric mean of its repeats
+    assert by[4].target == pytest.approx(math.log(2.0))        # against its group's median
     assert by[8].log_speedup is None and by[8].target < by[4].target  # a config that ever failed is a failure
+    # a measured row alone in its (problem, machine) group is its own median: it says nothing, and goes;
+    # a failure alone says something, and stays
+    alone = relative_targets(rows_from_evidence([e for e in ev if e["knobs"]["vw"] != 16]))
+    assert {r.knobs["vw"] for r in alone} == {8}
 
 
 def test_rows_weigh_by_measurement_quality_and_busy_or_inconclusive_ones_teach_nothing():

@@ -226,23 +226,30 @@ def _short_run(tmp_path, monkeypatch, speed, sigma, seed):
 
 
 def test_a_50_evaluation_run_on_two_problems_writes_the_lessons_its_evidence_supports(tmp_path, monkeypatch):
+    """Eight short runs. Each writes lessons on both problems. A 95% interval misses the truth now
+    and then, and a search measures around elites whose fixed error was lucky (the winner's
+    curse: here a configuration's error does not average away by measuring it again), so the
+    claim is a rate: at least 90% of the lessons are planted effects with the truth within their
+    interval (give or take 10%), and none states a planted effect the wrong way round."""
     planted = lambda k: (2.0 if k["threads"] == "none" else 1.25) * (1 + k["vw"] / 16)
-    claims = set()
-    for seed in range(3):
+    claims, good, everything = set(), 0, []
+    for seed in range(8):
         store = _short_run(tmp_path, monkeypatch, planted, sigma=0.15, seed=seed)
         lessons = store.current_lessons()
         assert {r.problem for r in lessons} == {"rmsnorm", "layernorm"}, seed
         for r in lessons:
             d = r.data
-            # every lesson is a planted effect, the right way round, with an interval that excludes 1
-            assert d["knob"] in ("threads", "vw"), r.text
-            better, worse = (d["better"], d["worse"])
-            truth = 1.6 if d["knob"] == "threads" else (1 + better / 16) / (1 + worse / 16)
-            assert (better == "none" if d["knob"] == "threads" else better > worse), r.text
+            everything.append(r.text)
             assert 1 < d["ci_low"] <= d["effect"] <= d["ci_high"]
-            assert d["ci_low"] / 1.1 < truth < d["ci_high"] * 1.1, r.text   # near the truth (a 95% CI misses 1 in 20)
             assert d["method"] in ("matched", "adjusted", "unmatched") and d["evaluations"] <= 25
+            if d["knob"] not in ("threads", "vw"):
+                continue   # no planted effect: a false lesson
+            better, worse = (d["better"], d["worse"])
+            assert (better == "none" if d["knob"] == "threads" else better > worse), r.text
+            truth = 1.6 if d["knob"] == "threads" else (1 + better / 16) / (1 + worse / 16)
+            good += d["ci_low"] / 1.1 < truth < d["ci_high"] * 1.1
             claims.add((r.problem, d["knob"]))
+    assert len(everything) >= 16 and good >= 0.9 * len(everything), everything
     assert ("rmsnorm", "threads") in claims and ("layernorm", "threads") in claims
 
 
@@ -374,7 +381,7 @@ def test_the_top_of_a_source_must_hold_here():
     assert not top_holds([3, 2, 1], [-1e9, 0.4, 1.0])            # its favourite fails here
 
 
-def test_the_strongest_untested_claim_of_another_machine_is_tested_every_other_proposal():
+def test_the_strongest_untested_claim_of_another_machine_is_tested_when_its_advice_stalls():
     problem = _quick("rmsnorm")
     space = [dict(zip(problem.knobs, c)) for c in itertools.product(*problem.knobs.values())]
     there = lambda k: {1: 0.3, 4: 0.8, 8: 1.0, 16: 0.05}[k["vw"]] * (1.0 if k["threads"] == "none" else 0.7)
@@ -382,26 +389,37 @@ def test_the_strongest_untested_claim_of_another_machine_is_tested_every_other_p
                              for k in random.Random(1).sample(space, 80)])
     start = _knobs(problem, vw=8)
     entries = [Entry("c0", start, "faster", 1.0, "x", 0)]
-    agent = ModelGuidedAgent(epsilon=0.0)
+    agent = ModelGuidedAgent(epsilon=0.0, check_after=10)   # the source check is another test's
     board = lambda: Board(problem, list(entries), None, [], random.Random(0), transfer=rows, hardware=GENOA)
-    (probe,) = agent.propose(board(), 1)
-    # the best so far with one knob changed: the value the other machine's evidence condemns most
-    assert probe.operator.startswith("probe") and probe.knobs == {**start, "vw": 16}
-    entries.append(Entry("c1", probe.knobs, "faster", 1.4, "x", 0))
+    is_probe = lambda p: p.operator.startswith("probe")
     (pick,) = agent.propose(board(), 1)
-    assert not pick.operator.startswith("probe")                  # probes alternate with the model's picks
+    assert not is_probe(pick)                               # one evaluation: nothing has stalled yet
+    entries.append(Entry("c1", pick.knobs, "faster", 1.2, "x", 0))
+    (pick,) = agent.propose(board(), 1)
+    assert not is_probe(pick)                               # its advice improved on the best: followed
     entries.append(Entry("c2", pick.knobs, "faster", 0.9, "x", 0))
+    (probe,) = agent.propose(board(), 1)                    # ... and now it did not: its claims are tested
+    # the best so far with one knob changed: the value the other machine's evidence condemns most
+    assert is_probe(probe) and probe.knobs == {**entries[1].knobs, "vw": 16}
+    entries.append(Entry("c3", probe.knobs, "faster", 1.4, "x", 0))
+    (pick,) = agent.propose(board(), 1)
+    assert not is_probe(pick)                               # never two probes in a row
+    entries.append(Entry("c4", pick.knobs, "faster", 0.8, "x", 0))
     (probe,) = agent.propose(board(), 1)
     tested = {(k, repr(e.knobs[k])) for e in entries for k in e.knobs}
-    changed = [k for k in probe.knobs if probe.knobs[k] != entries[1].knobs[k]]
-    assert probe.operator.startswith("probe") and len(changed) == 1     # around the new best, vw=16
+    changed = [k for k in probe.knobs if probe.knobs[k] != entries[3].knobs[k]]
+    assert is_probe(probe) and len(changed) == 1            # around the new best, vw=16
     assert (changed[0], repr(probe.knobs[changed[0]])) not in tested    # a value not measured here yet
+    # one still in flight is not an evaluation: nothing stalls on it
+    pending = Board(problem, entries[:2] + [Entry("p", probe.knobs, "pending", None, "x", 0)], None, [],
+                    random.Random(0), transfer=rows, hardware=GENOA)
+    assert not any(is_probe(p) for p in ModelGuidedAgent(epsilon=0.0).propose(pending, 1))
     # evidence of this machine only (other problems): nothing to test, the model proposes
     local = relative_targets([make_row(problem, GENOA, k, "faster", there(k)) for k in random.Random(1).sample(space, 80)])
     for r in local:
         r.problem = "layernorm"
-    one = Board(problem, entries[:1], None, [], random.Random(0), transfer=local, hardware=GENOA)
-    assert all(not p.operator.startswith("probe") for p in agent.propose(one, 2))
+    one = Board(problem, entries[:3], None, [], random.Random(0), transfer=local, hardware=GENOA)
+    assert all(not is_probe(p) for p in agent.propose(one, 2))
 
 
 def test_a_source_mostly_contradicted_here_is_dropped_not_checked_on_the_few_rows_left():
@@ -458,3 +476,26 @@ def test_a_lesson_of_a_family_problem_counts_more_for_a_models_variant_than_for_
     hw = store.hardware
     assert relevance(lesson, rmsnorm, hw) == 1.0
     assert relevance(lesson, layernorm, hw) < relevance(lesson, variant, hw) < 1.0
+
+
+def test_the_templates_defaults_come_first_even_where_transferred_evidence_leads(tmp_path, monkeypatch):
+    """A warm run: the model-guided agent leads on rmsnorm (what layernorm left in the store),
+    but the seed agent's defaults are evaluated first; cold, the same."""
+    from swarmfactory.config import RunConfig
+    from swarmfactory.swarm import coordinator as C
+
+    rmsnorm, layernorm = _quick("rmsnorm"), _quick("layernorm")
+    speed = lambda k: (2.0 if k["threads"] == "none" else 1.25) * (1 + k["vw"] / 16)
+    store = Store(str(tmp_path / "warm.db"))
+    for problems, budget, seed in (([layernorm], 30, 0), ([rmsnorm], 6, 1)):
+        monkeypatch.setattr(C, "resolve_problems", lambda spec, problems=problems: problems)
+        cfg = RunConfig.build(problems=",".join(p.name for p in problems), budget=budget, parallel=1, rounds=3,
+                              compile_baselines=False, remeasure_champions=False, seed=seed)
+        C.Coordinator(cfg, store, executor=PlantedExecutor(problems, speed, 0.05, seed)).run()
+    assert len(store.knob_evidence("layernorm")) >= 24     # enough to lead with (min_transfer)
+    for name in ("layernorm", "rmsnorm"):
+        cands = sorted((c for c in store.candidates(name) if c.knobs), key=lambda c: c.created_at)
+        problem = rmsnorm if name == "rmsnorm" else layernorm
+        assert cands[0].agent == "seed" and cands[0].knobs == dict(problem.knob_defaults), name
+        if name == "rmsnorm":   # warm: the transferred evidence's model proposes next
+            assert "model-guided" in [c.agent for c in cands[1:3]], [c.agent for c in cands]
