@@ -95,12 +95,13 @@ class ModelGuidedAgent(Agent):
         self.min_transfer, self.lead_for, self.check_after = min_transfer, lead_for, check_after
         self._transfer_models: dict = {}
         self._checked: tuple = (None, [])
-        self._probes: set[str] = set()   # knob keys of the probes proposed (per problem: keys hold the knobs only)
+        self._probes: set[tuple[str, str]] = set()   # (problem, knob key) of every probe proposed
 
     def leads(self, board: Board) -> bool:
         """With transferred evidence and fewer than ``lead_for`` measured configurations of its own,
-        the model is the best guess the swarm has: it proposes first (unless this problem's own
-        evidence already contradicts every source of what was transferred)."""
+        the model is the best guess the swarm has: it proposes first (after the seed agent's
+        defaults), from whatever rows stand (unless this problem's own evidence already contradicts
+        every source of what was transferred)."""
         if len(board.transfer) < self.min_transfer:
             return False
         own = sum(1 for e in board.entries if e.knobs is not None and e.speedup is not None)
@@ -169,12 +170,12 @@ class ModelGuidedAgent(Agent):
             self._transfer_models[mkey] = model
         return model
 
-    def stalled(self, data: list) -> bool:
+    def stalled(self, problem: str, data: list) -> bool:
         """Did the last evaluation (``data`` in evaluation order) fail to beat the best before it,
         without being a probe itself? (A failure or an unmeasured candidate beats nothing; one
         still in flight is not an evaluation yet.)"""
         data = [e for e in data if e.outcome != "pending"]
-        if len(data) < 2 or data[-1].knobs is None or knob_key(data[-1].knobs) in self._probes:
+        if len(data) < 2 or data[-1].knobs is None or (problem, knob_key(data[-1].knobs)) in self._probes:
             return False
         before = [e.speedup for e in data[:-1] if e.correct and e.speedup is not None]
         last = data[-1]
@@ -220,10 +221,10 @@ class ModelGuidedAgent(Agent):
         transfer = self.transferred(board)
         if not p.knobs or (len(own) < self.min_points and (len(board.transfer) < self.min_transfer or not transfer)):
             return []
-        if self.stalled(data):   # the advice stalls: test what another machine's evidence condemns
+        if self.stalled(p.name, data):   # the advice stalls: test what another machine's evidence condemns
             test = self.probe(board, transfer, data)
             if test is not None:
-                self._probes.add(knob_key(test.knobs))
+                self._probes.add((p.name, knob_key(test.knobs)))
                 return [test]
         for r in own:
             r.hardware_id = hw.get("id", r.hardware_id)
