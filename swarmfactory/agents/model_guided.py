@@ -46,42 +46,49 @@ def top_holds(pred, actual, top: int = 2) -> bool:
 
 def retire(rows: list, own: list) -> list:
     """``rows`` without the claims that this problem's own measurements contradict. A (problem,
-    machine) group of transferred rows claims against a knob value when its best configuration
-    with that value measured more than ``TOP_TOLERANCE`` below its best of all (or only failed);
-    where a configuration with that value measures within ``TOP_TOLERANCE`` of the best measured
-    here (``own``: this problem's rows on this machine), and another value of the same knob has
-    been measured here too (so that "near the best" is a comparison, not one lone measurement),
-    the claim is wrong here and the group's rows with that value are left out (here only: the
-    rows stay as they are for their own machine and problem). What the group says of its other
-    values stands."""
+    machine) group of transferred rows claims that a knob value ``v`` is worse than another value
+    ``u`` when its best configuration with ``v`` measured more than ``TOP_TOLERANCE`` below its
+    best with ``u`` (or ``v`` only failed there). Here, two configurations that differ in that knob
+    alone (``own``: this problem's rows on this machine), the one with ``v`` within
+    ``TOP_TOLERANCE`` of the one with ``u`` or faster, contradict the claim, and the group's rows
+    with ``v`` are left out (here only: the rows stay as they are for their own machine and
+    problem). What the group says of its other values stands.
+
+    Only a matched pair assigns the blame: a configuration that differs from another in three
+    knobs and measures near it says nothing of which of the three the group had wrong (a rule
+    that retired every claim against every value of a configuration near the best so far, itself
+    far from the best early on, retired true claims with the false one and left too little
+    standing). The probes make such pairs: the best so far with one knob changed."""
     import math
 
     good = [r for r in own if r.log_speedup is not None]
-    if not good:
+    if len(good) < 2:
         return rows
-    bar = max(r.log_speedup for r in good) + math.log(1.0 - TOP_TOLERANCE)
-    values: dict[str, set] = {}
-    for r in good:
-        for k, v in r.knobs.items():
-            values.setdefault(k, set()).add(repr(v))
-    near = {(k, repr(v)) for r in good if r.log_speedup >= bar for k, v in r.knobs.items() if len(values[k]) > 1}
+    tol = math.log(1.0 - TOP_TOLERANCE)
+    # (knob, value here not worse than) pairs: v within tolerance of u or faster, the rest held equal
+    holds: set[tuple] = set()
+    for a in good:
+        for b in good:
+            if a is b or set(a.knobs) != set(b.knobs):
+                continue
+            diff = [k for k in a.knobs if repr(a.knobs[k]) != repr(b.knobs[k])]
+            if len(diff) == 1 and a.log_speedup >= b.log_speedup + tol:
+                k = diff[0]
+                holds.add((k, repr(a.knobs[k]), repr(b.knobs[k])))
+    if not holds:
+        return rows
     groups: dict[tuple, list] = {}
     for r in rows:
         groups.setdefault((r.problem, r.hardware_id), []).append(r)
     out = []
     for group in groups.values():
-        measured = [r.log_speedup for r in group if r.log_speedup is not None]
-        if not measured:
-            out += group
-            continue
-        top = max(measured) + math.log(1.0 - TOP_TOLERANCE)
         best: dict[tuple, float] = {}
         for r in group:
+            s = r.log_speedup if r.log_speedup is not None else -math.inf
             for k, v in r.knobs.items():
-                if (k, repr(v)) in near:
-                    s = r.log_speedup if r.log_speedup is not None else -math.inf
-                    best[(k, repr(v))] = max(best.get((k, repr(v)), -math.inf), s)
-        against = {kv for kv, s in best.items() if s < top}
+                best[(k, repr(v))] = max(best.get((k, repr(v)), -math.inf), s)
+        against = {(k, v) for k, v, u in holds
+                   if (k, u) in best and best[(k, u)] > -math.inf and best.get((k, v), -math.inf) < best[(k, u)] + tol}
         out += [r for r in group if not any((k, repr(v)) in against for k, v in r.knobs.items())]
     return out
 

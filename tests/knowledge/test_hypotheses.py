@@ -335,9 +335,17 @@ def test_a_transferred_source_that_hurts_is_dropped_and_one_that_helps_kept():
     own = [Entry(f"c{i}", k, "faster", speed(k), "x", 0) for i, k in enumerate(rng.sample(space, 6))]
     agent = ModelGuidedAgent()
     early = Board(problem, own[:3], None, [], random.Random(0), transfer=transfer, hardware=here)
-    first = agent.transferred(early)   # too little to check a source with yet: kept, less its contradicted claims
+    first = agent.transferred(early)   # too little to check a source with yet, and no matched pair to blame a claim
     assert len([r for r in first if r.hardware_id == here["id"]]) == 40 and agent.leads(early)
-    assert 0 < len([r for r in first if r.hardware_id == INTEL["id"]]) < 40
+    assert len([r for r in first if r.hardware_id == INTEL["id"]]) == 40
+    # a matched pair here (vw alone differs) contradicts what the other machine says of vw: those claims go
+    base = own[0].knobs
+    pair = [Entry("m0", {**base, "vw": 4}, "faster", speed({**base, "vw": 4}), "x", 0),
+            Entry("m1", {**base, "vw": 16}, "faster", speed({**base, "vw": 16}), "x", 0)]
+    matched = ModelGuidedAgent().transferred(Board(problem, own[:1] + pair, None, [], random.Random(0), transfer=transfer,
+                                      hardware=here))
+    assert 0 < len([r for r in matched if r.hardware_id == INTEL["id"]]) < 40
+    assert all(r.knobs["vw"] != 16 for r in matched if r.hardware_id == INTEL["id"])
     board = Board(problem, own, None, [], random.Random(0), transfer=transfer, hardware=here)
     kept = agent.transferred(board)
     assert {r.hardware_id for r in kept} == {here["id"]} and len(kept) == 40
