@@ -27,6 +27,10 @@ from swarmfactory.enginefactory.verify import (NEW_TOKENS, PROMPTS, compute_refe
 # make test-masked re-runs tests/engine to exercise the engine's no-AVX-512 paths; the factory has
 # none of its own (its designs run those same paths, tested there), so it runs once, unmasked
 pytestmark = pytest.mark.skipif(bool(cpu_mask()), reason="ISA-independent: runs once, unmasked (CI time)")
+# The end-to-end verifications against HF's fp32 reference take minutes of CI: they run where the
+# code they verify changed in the landing, and with SWARMFACTORY_SLOW=1.
+ENGINE_FACTORY = ("swarmfactory/engine/", "swarmfactory/enginefactory/", "swarmfactory/harness/",
+                  "swarmfactory/evidence/", "swarmfactory/champions.py", "tests/engine/")
 
 
 # -- designs ---------------------------------------------------------------------------------------
@@ -108,6 +112,7 @@ def reference(model_path, tmp_path_factory):
     return ref, cache
 
 
+@pytest.mark.slow(covers=ENGINE_FACTORY)
 def test_fp32_engine_passes_and_a_broken_kernel_on_one_op_is_rejected_with_the_divergence(reference):
     from swarmfactory.engine import Engine
     from swarmfactory.engine.kernels import Dense, register_kernel
@@ -133,6 +138,7 @@ def test_fp32_engine_passes_and_a_broken_kernel_on_one_op_is_rejected_with_the_d
     assert check.evidence["check"].startswith("fp32 tokens") and check.evidence["expected"] != check.evidence["got"]
 
 
+@pytest.mark.slow(covers=ENGINE_FACTORY)
 def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(reference):
     from swarmfactory.engine import Engine
     from swarmfactory.engine.kernels import Dense, register_kernel
@@ -166,6 +172,7 @@ def test_an_invariant_q4_1_design_passes_and_a_batch_dependent_bug_is_caught(ref
     assert "diverged at token" in check.detail
 
 
+@pytest.mark.slow(covers=ENGINE_FACTORY)
 def test_a_kernel_wrong_only_at_step_sizes_that_light_checks_never_reach_is_caught_under_load(reference):
     """The four prompts alone, batched and joining mid-flight produce a handful of step sizes; a
     design that changes path (or a kernel that is wrong) only at bigger steps passes all of those.
@@ -224,6 +231,7 @@ def _kernel_champion(store, source: str, outcome: str = "faster") -> str:
     return cand["id"]
 
 
+@pytest.mark.slow(covers=ENGINE_FACTORY)
 def test_a_design_whose_factory_kernel_is_wrong_only_at_an_unchecked_batch_is_wrong(reference, tmp_path,
                                                                                    monkeypatch):
     """The decoder's matvec champion, wrong by 5% only in calls of four rows: it passes every load
@@ -254,6 +262,7 @@ def test_a_design_whose_factory_kernel_is_wrong_only_at_an_unchecked_batch_is_wr
     assert "batch=4" in check.detail
 
 
+@pytest.mark.slow(covers=ENGINE_FACTORY)
 def test_a_design_on_the_kernel_champion_verifies_end_to_end_and_is_requalified_when_the_champion_changes(
         reference, tmp_path, monkeypatch, model_path):
     from swarmfactory.engine import Engine

@@ -21,6 +21,11 @@ import pytest
 
 from engine_support import THREADS, Server
 
+# Minutes of CI (the GGUF assembled from its wheels, HF's fp32 reference, two servers): run where
+# the code that serves it changed in the landing, and with SWARMFACTORY_SLOW=1.
+pytestmark = pytest.mark.slow(covers=("swarmfactory/engine/", "swarmfactory/engine_cli.py", "swarmfactory/cli.py",
+                                      "swarmfactory/bench/", "tests/engine/"))
+
 NEW = 8
 SERVED = "gemma-3-270m-q4_k_m"  # the file name's stem
 WINDOW = 512
