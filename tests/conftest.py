@@ -187,12 +187,12 @@ def _start_pg():
         opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
         started = run(pg_ctl, "-D", data, "-o", opts, "-l", os.path.join(folder, "log"), "-w", "-t", "60", "start")
 
+    from swarmfactory import lifecycle
+
     postmaster = None
     if started.returncode == 0:
         # pg_ctl leaves the server running on its own: adopted, it dies with this process
         # however that ends (SIGTERM, SIGKILL, the OOM killer), not only at the session's end
-        from swarmfactory import lifecycle
-
         try:
             with open(os.path.join(data, "postmaster.pid")) as f:
                 postmaster = int(f.readline())
@@ -203,8 +203,6 @@ def _start_pg():
     def stop():
         run(pg_ctl, "-D", data, "-m", "immediate", "-w", "stop")
         if postmaster is not None:
-            from swarmfactory import lifecycle
-
             lifecycle.release(postmaster)
         shutil.rmtree(folder, ignore_errors=True)
 

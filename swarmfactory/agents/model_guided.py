@@ -65,16 +65,21 @@ def retire(rows: list, own: list) -> list:
     if len(good) < 2:
         return rows
     tol = math.log(1.0 - TOP_TOLERANCE)
-    # (knob, value here not worse than) pairs: v within tolerance of u or faster, the rest held equal
+    # (knob, v, u): here v measured within tolerance of u or faster, every other knob held equal.
+    # Configurations are bucketed by their other knobs (one pass per knob, not every pair of
+    # measurements: this runs at each proposal, and a long run has hundreds of them); in a bucket
+    # some v-measurement is near some u-measurement when v's fastest is near u's slowest
     holds: set[tuple] = set()
-    for a in good:
-        for b in good:
-            if a is b or set(a.knobs) != set(b.knobs):
-                continue
-            diff = [k for k in a.knobs if repr(a.knobs[k]) != repr(b.knobs[k])]
-            if len(diff) == 1 and a.log_speedup >= b.log_speedup + tol:
-                k = diff[0]
-                holds.add((k, repr(a.knobs[k]), repr(b.knobs[k])))
+    for k in {k for r in good for k in r.knobs}:
+        buckets: dict[tuple, dict[str, list[float]]] = {}
+        for r in good:
+            if k in r.knobs:
+                rest = tuple(sorted((n, repr(x)) for n, x in r.knobs.items() if n != k))
+                span = buckets.setdefault(rest, {}).setdefault(repr(r.knobs[k]), [math.inf, -math.inf])
+                span[0], span[1] = min(span[0], r.log_speedup), max(span[1], r.log_speedup)
+        for values in buckets.values():
+            for v, (_, fastest) in values.items():
+                holds.update((k, v, u) for u, (slowest, _) in values.items() if u != v and fastest >= slowest + tol)
     if not holds:
         return rows
     groups: dict[tuple, list] = {}
