@@ -366,6 +366,14 @@ def load_data(paths: Path | list[Path], sources: list[str] | None = None, native
             "sources": set(sources) if sources else None}
 
 
+def _die_with_parent() -> None:
+    """A trial worker ends with the replay that started it, even one killed with SIGKILL (the
+    pool's workers otherwise outlive it, reparented, until their queue breaks)."""
+    from swarmfactory.lifecycle import Limits
+
+    Limits(die_with_parent=True).preexec()()
+
+
 def _one(args: tuple) -> dict:
     """One trial (run in a worker process)."""
     import logging
@@ -501,7 +509,7 @@ def main(argv=None) -> int:
         task = bar.add_task("trials", total=len(jobs))
         with bar:
             if args.jobs > 1:
-                with ProcessPoolExecutor(args.jobs) as pool:
+                with ProcessPoolExecutor(args.jobs, initializer=_die_with_parent) as pool:
                     for r in pool.map(_one, jobs, chunksize=1):
                         results.append(r)
                         bar.advance(task)
