@@ -9,18 +9,19 @@
  *     (x * (127 / amax) in fp32, rounded to nearest even), |q| <= 127, and s = d * sum(q);
  *   - for the K-quants per block of 256 (Q8_K-style): d = amax / 127 over the 256, q as above,
  *     and the sums of q per 16 (bsums).
- * Each block's dot product of weight quants and activation quants is exact in int32: Q4_0,
- * Q5_0, Q8_0 take the signed quants; Q4_1, Q5_1 the unsigned ones, plus m * s per block in
- * fp32; per super-block Q4_K, Q5_K the integer sums sum_j sc_j dot_j and sum_j m_j bsum_j
- * (times d dx and -dmin dx), Q6_K sum_j sc_j (dot_j - 32 bsum_j) in one integer. The scales
- * are applied in fp32, a fused multiply-add per block into 8 lanes summed at the end. So y = sum_i w_i xq_i
+ * Each block's dot product of weight quants and activation quants is exact in int32: Q8_0
+ * takes the signed quants; Q4_0, Q4_1, Q5_0, Q5_1 the unsigned ones u (w = d u + m), plus
+ * m * s per block in fp32 (m: Q4_1, Q5_1's stored min, -8 d for Q4_0, -16 d for Q5_0); per
+ * super-block Q4_K, Q5_K the integer sums sum_j sc_j dot_j and sum_j m_j bsum_j (times d dx
+ * and -dmin dx), Q6_K sum_j sc_j (dot_j - 32 bsum_j) in one integer. The scales are applied
+ * in fp32, a fused multiply-add per block into 8 lanes summed at the end. So y = sum_i w_i xq_i
  * (w_i the fp32-dequantised weight, xq_i = d q_i) up to fp32 rounding, and against the fp32
  * reference x @ W^T:
  *     |y - x @ W^T| <= sum_i |w_i| d(i) / 2  +  eps * S,    S = sum_i |w_i| |x_i|,
  * where d(i) is the scale of the activation block holding element i (|x_i - xq_i| <= d(i) / 2)
  * and eps covers fp32 arithmetic: about (K/32) * 2^-24 relative to the terms summed, which for
- * Q4_1/Q5_1 (d q and m) and the K-quants (their two integer sums) may exceed |w| by a small
- * factor; the check at load and the tests use eps = 1e-5 (measured: below 1e-7). The first
+ * the types with a min (d u and m) and the K-quants (their two integer sums) may exceed |w| by
+ * a small factor; the check at load and the tests use eps = 1e-5 (measured: below 1e-7). The first
  * term dominates: on Gaussian activations the largest error of an output is ~0.1-0.15% of its
  * S, and 5-15% of this bound (which assumes every rounding error at its worst).
  * A non-finite activation makes its block's scale NaN, so every output it reaches is NaN.
@@ -341,30 +342,29 @@ INLINE __m256i bits32(const uint8_t *qh) {
     return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
 }
 
-#define SYMMETRIC(T) ((T) == Q4_0 || (T) == Q5_0 || (T) == Q8_0)
-
-/* A block's 32 weights as the dot takes them: the symmetric types (w = d * q, q signed:
- * Q4_0 nibble - 8, Q5_0 5 bits - 16, Q8_0) as |q| with q in *sgn; Q4_1, Q5_1 (w = d * q + m)
- * as q in 0..31. */
+/* A block's 32 weight quants as the dot takes them. Q8_0 (w = d * q, q signed) as |q|, with q
+ * in *sgn; the others as unsigned quants u (Q4_0, Q4_1: the nibble, Q5_0, Q5_1: 5 bits), with
+ * w = d * u + m: m is the stored min for Q4_1, Q5_1 and -8 d (Q4_0), -16 d (Q5_0). */
 INLINE __m256i quants32(const int T, const uint8_t *b, __m256i *sgn) {
-    __m256i q;
     switch (T) {
-    case Q4_0: q = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8)); break;
-    case Q5_0: q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(b + 2)), _mm256_set1_epi8(16)); break;
-    case Q8_0: q = _mm256_loadu_si256((const __m256i *)(b + 2)); break;
+    case Q8_0: {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        *sgn = q;
+        return _mm256_sign_epi8(q, q);
+    }
+    case Q4_0: return nibbles32(b + 2);
+    case Q5_0: return _mm256_or_si256(nibbles32(b + 6), bits32(b + 2));
     case Q4_1: return nibbles32(b + 4);
     default: return _mm256_or_si256(nibbles32(b + 8), bits32(b + 4));
     }
-    *sgn = q;
-    return _mm256_sign_epi8(q, q);
 }
 
 /* 8 int32 lanes, each the sum of 4 products of weight quants and activation quants. Exact:
- * the first operand is unsigned (|q| <= 128, or q <= 31) and the activations' |q| <= 127, so
+ * the first operand is unsigned (|q| <= 128, or u <= 31) and the activations' |q| <= 127, so
  * maddubs's int16 pair sums stay below 2 * 128 * 127 < 2^15 (vpdpbusd has no such limit). */
 INLINE __m256i dot32x(const int T, __m256i u, __m256i sgn, const int8_t *xp) {
     __m256i x = _mm256_loadu_si256((const __m256i *)xp);
-    if (SYMMETRIC(T)) x = _mm256_sign_epi8(x, sgn);
+    if (T == Q8_0) x = _mm256_sign_epi8(x, sgn);
 #ifdef DPBUSD
     return DPBUSD(_mm256_setzero_si256(), u, x);
 #else
@@ -372,63 +372,69 @@ INLINE __m256i dot32x(const int T, __m256i u, __m256i sgn, const int8_t *xp) {
 #endif
 }
 
-/* acc + p * (dw * dx): a block's integer dot scaled by the weight's and the activation's scale */
-INLINE __m256 scaled(__m256 acc, __m256i p, __m256 dw, const float *dx) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_broadcast_ss(dx)), acc);
+/* The weight scales d (off 0) or the mins m (off 2) of 8 consecutive blocks, as fp32. Q4_0
+ * and Q5_0 have no stored min: theirs is -8 d, -16 d (exact in fp32). */
+INLINE __m256 scales8(const int T, const uint8_t *b, int64_t bs, int min) {
+    uint16_t h[8];
+    const int off = min && (T == Q4_1 || T == Q5_1) ? 2 : 0;
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) memcpy(h + i, b + i * bs + off, 2);
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    if (!min || off) return v;
+    return _mm256_mul_ps(v, _mm256_set1_ps(T == Q4_0 ? -8.f : -16.f));
 }
 
 /* Rows m0 .. m0 + NM - 1 of one weight row, 32-element type T: out[mm] = sum_j dw_j dx_mj
- * dot_j (+ sum_j m_j s_mj for Q4_1, Q5_1), per lane in fp32. Symmetric types alternate two
- * accumulators (even, odd blocks); the offset types keep the m terms in the second, as m/8
- * in each of its 8 lanes (exact scaling), so the final sum of the lanes adds sum m s. */
+ * dot_j (+ sum_j m_j s_mj for every type but Q8_0, s_mj = dx_mj * sum of the row's block j
+ * quants), per lane in fp32 and the lanes summed at the end. Blocks go in groups of 8: the
+ * group's scale products dw_j dx_mj are computed 8 at a time (one multiply per row and group)
+ * and its min terms m_j s_mj go into the same accumulator 8 at a time; then per block and row
+ * one integer dot, its conversion and one fused multiply-add. The blocks after the last whole
+ * group are scaled one at a time. The same operations for a row whatever NM is. */
 INLINE void tile32(const int T, const int NM, const uint8_t *w, int64_t K, const Act32 *a, int64_t m0, float *out) {
     const int64_t nb = K / 32, bs = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
-    __m256 acc0[MT], acc1[MT]; /* sized by a constant: a VLA would never live in registers */
+    __m256 acc[MT]; /* sized by a constant: a VLA would never live in registers */
+    float sc[MT][8] __attribute__((aligned(32)));
 #pragma GCC unroll 8
-    for (int mm = 0; mm < NM; mm++) acc0[mm] = acc1[mm] = _mm256_setzero_ps();
+    for (int mm = 0; mm < NM; mm++) acc[mm] = _mm256_setzero_ps();
     const int8_t *xq = a->q + m0 * K;
     const float *xd = a->d + m0 * nb, *xs = a->s + m0 * nb;
-    if (SYMMETRIC(T)) {
-        int64_t j = 0;
-        for (; j + 1 < nb; j += 2) {
-            __m256i s0, s1;
-            const uint8_t *b0 = w + j * bs, *b1 = b0 + bs;
-            const __m256i u0 = quants32(T, b0, &s0), u1 = quants32(T, b1, &s1);
-            const __m256 d0 = _mm256_set1_ps(fp16(b0)), d1 = _mm256_set1_ps(fp16(b1));
+    __m256i sgn = _mm256_setzero_si256();
+    int64_t j = 0;
+    for (; j + 8 <= nb; j += 8) {
+        const uint8_t *b = w + j * bs;
+        const __m256 dw = scales8(T, b, bs, 0);
+        const __m256 mw = T == Q8_0 ? dw : scales8(T, b, bs, 1);
 #pragma GCC unroll 8
-            for (int mm = 0; mm < NM; mm++) {
-                const __m256i p0 = dot32x(T, u0, s0, xq + mm * K + 32 * j);
-                const __m256i p1 = dot32x(T, u1, s1, xq + mm * K + 32 * j + 32);
-                acc0[mm] = scaled(acc0[mm], p0, d0, xd + mm * nb + j);
-                acc1[mm] = scaled(acc1[mm], p1, d1, xd + mm * nb + j + 1);
-            }
+        for (int mm = 0; mm < NM; mm++) {
+            _mm256_store_ps(sc[mm], _mm256_mul_ps(dw, _mm256_loadu_ps(xd + mm * nb + j)));
+            if (T != Q8_0) acc[mm] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xs + mm * nb + j), acc[mm]);
         }
-        if (j < nb) {
-            __m256i s0;
-            const __m256i u0 = quants32(T, w + j * bs, &s0);
-            const __m256 d0 = _mm256_set1_ps(fp16(w + j * bs));
+#pragma GCC unroll 1
+        for (int jj = 0; jj < 8; jj++) {
+            const __m256i u = quants32(T, b + jj * bs, &sgn);
 #pragma GCC unroll 8
             for (int mm = 0; mm < NM; mm++) {
-                const __m256i p0 = dot32x(T, u0, s0, xq + mm * K + 32 * j);
-                acc0[mm] = scaled(acc0[mm], p0, d0, xd + mm * nb + j);
-            }
-        }
-    } else {
-        const __m256i none = _mm256_setzero_si256();
-        for (int64_t j = 0; j < nb; j++) {
-            const uint8_t *b = w + j * bs;
-            const __m256i u = quants32(T, b, NULL);
-            const __m256 d = _mm256_set1_ps(fp16(b)), m8 = _mm256_set1_ps(0.125f * fp16(b + 2));
-#pragma GCC unroll 8
-            for (int mm = 0; mm < NM; mm++) {
-                const __m256i p = dot32x(T, u, none, xq + mm * K + 32 * j);
-                acc0[mm] = scaled(acc0[mm], p, d, xd + mm * nb + j);
-                acc1[mm] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(xs + mm * nb + j), acc1[mm]);
+                const __m256i p = dot32x(T, u, sgn, xq + mm * K + 32 * (j + jj));
+                acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sc[mm][jj]), acc[mm]);
             }
         }
     }
+    for (; j < nb; j++) {
+        const uint8_t *b = w + j * bs;
+        const __m256i u = quants32(T, b, &sgn);
+        const float dw = fp16(b);
+        const float mw = T == Q4_0 ? -8.f * dw : T == Q5_0 ? -16.f * dw : T == Q8_0 ? 0.f : fp16(b + 2);
 #pragma GCC unroll 8
-    for (int mm = 0; mm < NM; mm++) out[mm] = hsum(_mm256_add_ps(acc0[mm], acc1[mm]));
+        for (int mm = 0; mm < NM; mm++) {
+            const __m256i p = dot32x(T, u, sgn, xq + mm * K + 32 * j);
+            acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[mm * nb + j]), acc[mm]);
+            if (T != Q8_0) acc[mm] = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * mw), _mm256_set1_ps(xs[mm * nb + j]),
+                                                     acc[mm]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) out[mm] = hsum(acc[mm]);
 }
 
 /* One super-block of a K-quant unpacked for the dot: 8 vectors of 32 unsigned quants, the
