@@ -1,7 +1,7 @@
 /* A whole engine step of a decoder-only model on GGUF block weights, in one C call.
  *
  * Built as the tail of qlinear.c (qstep.py joins the two sources): the matrix products are
- * qlinear.c's (row_dot on the stored blocks of any of its types, activations quantised to 8
+ * qlinear.c's (rows_dot on the stored blocks of any of its types, activations quantised to 8
  * bits per call by its quantize_row, so every product has qlinear's numerics and error bound),
  * and this file adds the rest of a step, as engine/models/decoder.py computes it: RMSNorm,
  * q|k|v (+ biases), per-head q/k RMSNorm, RoPE from the model's own tables, the KV-cache write
@@ -19,8 +19,8 @@
  * prompt tokens of one sequence in one call get causal attention.
  *
  * Batch invariance: each output element is computed by one thread with the same operations
- * whatever the batch, the thread count or the other rows (row_dot is per weight row; the small
- * ops are per row).
+ * whatever the batch, the thread count or the other rows (rows_dot computes each output the same
+ * way in any group of weight rows and pass of activation rows; the small ops are per row).
  */
 
 #include <omp.h>
@@ -82,15 +82,19 @@ static void gated(int act, const float *g, const float *u, float *f, int64_t n) 
 static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_t ldy) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t n0 = W->rows * t / nt, n1 = W->rows * (t + 1) / nt;
-    float *out = Q->tmp + (int64_t)t * Q->max_b;
+    float *out = Q->tmp + (int64_t)t * Q->max_b * ROW_GROUP;
     int64_t base = 0;
     for (int64_t p = 0; p < W->n_parts; p++) {
         const QPart *P = W->parts + p;
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
-        for (int64_t n = lo; n < hi; n++) {
-            row_dot(P->type, P->data + (n - base) * P->row_bytes, W->cols, &Q->a32, &Q->a256, M, out);
-            const float b = W->bias ? W->bias[n] : 0.f;
-            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = out[m] + b;
+        const int64_t g = row_group(P->row_bytes);
+        for (int64_t n = lo; n < hi; n += g) {
+            const int64_t R = hi - n < g ? hi - n : g;
+            rows_dot(P->type, P->data + (n - base) * P->row_bytes, P->row_bytes, R, W->cols, &Q->a32, &Q->a256, M,
+                     out);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t r = 0; r < R; r++)
+                    y[m * ldy + n + r] = out[r * M + m] + (W->bias ? W->bias[n + r] : 0.f);
         }
         base += P->rows;
     }
@@ -279,7 +283,7 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
     Q->att = malloc(sizeof(float) * max_b * ATT);
     Q->gu = malloc(sizeof(float) * max_b * 2 * ffn);
     Q->ff = malloc(sizeof(float) * max_b * ffn);
-    Q->tmp = malloc(sizeof(float) * Q->threads * max_b);
+    Q->tmp = malloc(sizeof(float) * Q->threads * max_b * ROW_GROUP);
     Q->scores = malloc(sizeof(float) * Q->threads * max_len);
     Q->a32 = (Act32){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 32 + 1)),
                      malloc(sizeof(float) * max_b * (k / 32 + 1))};
