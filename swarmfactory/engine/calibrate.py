@@ -16,7 +16,8 @@ Each point is the best of interleaved timings (the two contenders alternate; see
 its default and the record says so. Results are cached as JSON under the user cache dir
 (``$SWARMFACTORY_CACHE`` or ``~/.cache/swarmfactory``)/calibration, keyed by everything that
 changes them: CPU model and features (as masked), torch version and capability, the model
-file's content (sha256), the threads, the native path and this module's version.
+file's content (sha256), the threads, the native path and its C source, and this module's
+version.
 """
 
 from __future__ import annotations
@@ -68,13 +69,22 @@ def cache_root() -> Path:
     return cache_dir() / "calibration"
 
 
+def native_code() -> str:
+    """A digest of the native C the engine builds (the decoder, the block kernels and step): a
+    change to a kernel changes where it beats torch, so it invalidates the measured thresholds."""
+    from .native import library, qlinear
+
+    return hashlib.sha256((library.source() + qlinear.source()).encode()).hexdigest()[:16]
+
+
 def cache_key(model_path: Path, threads: int, native_isa: str | None) -> dict:
     """The model is keyed by its content (``model_file.sha256``): a renamed or copied file keeps
-    its calibration."""
+    its calibration. The native code is keyed by its source (``native_code``)."""
     return {"version": VERSION, "cpu": cpu_fingerprint()["model"], "features": cpu_fingerprint()["features"],
             "mask": cpu_fingerprint().get("mask"), "torch": torch.__version__,
             "torch_cpu": torch.backends.cpu.get_cpu_capability(),
-            "model": {"sha256": model_file.sha256(model_path)}, "threads": threads, "native": native_isa}
+            "model": {"sha256": model_file.sha256(model_path)}, "threads": threads, "native": native_isa,
+            "native_code": native_code()}
 
 
 def _legacy_key(key: dict, model_path: Path) -> dict:

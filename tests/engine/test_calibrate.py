@@ -104,3 +104,20 @@ def test_thresholds_follow_the_model_files_content_and_old_records_are_adopted(t
     adopted = cal.load_cached(new_key, other)
     assert adopted.dense_above == {"o": 32} and adopted.key == new_key
     assert cal.load_cached(new_key).native_prefill == 64  # stored under the new key
+
+
+def test_a_change_to_the_native_code_invalidates_the_thresholds(tmp_path, monkeypatch):
+    """The thresholds say where the native kernels beat torch: measured with other C, they are
+    measured again, not reused."""
+    monkeypatch.setenv("SWARMFACTORY_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "a.gguf"
+    model.write_bytes(b"weights")
+    key = cal.cache_key(model, THREADS, "blocks-avx2")
+    assert key["native_code"] == cal.native_code() and len(key["native_code"]) == 16
+    cal.save(cal.Calibration({"o": 8}, 4, 16, 1.0, key))
+    assert cal.load_cached(cal.cache_key(model, THREADS, "blocks-avx2"), model).native_prefill == 16
+    from swarmfactory.engine.native import qlinear
+
+    real = qlinear.source
+    monkeypatch.setattr(qlinear, "source", lambda: real() + "\n/* a faster kernel */\n")
+    assert cal.load_cached(cal.cache_key(model, THREADS, "blocks-avx2"), model) is None
