@@ -269,6 +269,35 @@ def test_the_block_step_stays_within_its_bound_and_is_batch_invariant(tmp_path_f
     assert torch.equal(both[0], alone) and torch.equal(both[1], got[-1])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_reads_a_kv_head_once_for_its_query_heads_with_the_same_numbers(threads):
+    """qstep.c's attention (sf_op_attention runs the step's q_attend): a batch large enough
+    attends each kv head's query heads together (its K and V rows read once), a small one per
+    query head; a row's output is the same either way, and right against fp64."""
+    from swarmfactory.engine.native import element_ops
+
+    gen = torch.Generator().manual_seed(3)
+    B, H, KV, S, D = 6, 8, 2, 37, 64
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in ((B, H, D), (B, KV, S, D), (B, KV, S, D)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        def run(rows):
+            t = {"q": q[rows], "k": k[rows], "v": v[rows], "batch": len(rows), "heads": H, "kv_heads": KV,
+                 "seq": S, "head_dim": D, "scale": D ** -0.5}
+            return element_ops.attention(t)().clone()
+
+        together = run(list(range(B)))  # B * KV >= 2 * threads: the query heads of a kv head together
+        alone = torch.cat([run([b]) for b in range(B)]) if threads == 2 else None  # 1 * KV < 2 * 2: per head
+    finally:
+        torch.set_num_threads(before)
+    if alone is not None:
+        assert torch.equal(together, alone)
+    kk, vv = (x.double().repeat_interleave(H // KV, dim=1) for x in (k, v))
+    ref = torch.softmax(q.double().unsqueeze(2) @ kk.transpose(-1, -2) * D ** -0.5, -1) @ vv
+    assert (together.double() - ref.squeeze(2)).abs().max() < 1e-4
+
+
 def test_the_block_step_gives_the_same_numbers_on_every_isa_path(tmp_path_factory):
     """Each path this CPU runs (portable C included), built and probed as at load: each within
     the bound of the fp32 model, and close to the others. Not equal: a sum rounded differently

@@ -116,7 +116,7 @@ def attention(t) -> NativeCall:
     b, h, d = t["batch"], t["heads"], t["head_dim"]
     out = torch.empty(b, h, d, dtype=torch.float32)
     threads = _threads()
-    scratch = torch.empty(threads * max(1, t["seq"]), dtype=torch.float32)
+    scratch = torch.empty(threads * max(1, t["seq"]) * (t["heads"] // t["kv_heads"]), dtype=torch.float32)
     return NativeCall(_function("sf_op_attention"),
                       [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), b, h, t["kv_heads"], t["seq"], d,
                        float(t["scale"]), scratch.data_ptr(), threads], (out,), [q, k, v, scratch])

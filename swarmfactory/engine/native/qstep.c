@@ -119,36 +119,48 @@ static void q_rope(float *x, const float *c, const float *s, int64_t D) {
     }
 }
 
-/* One query head against positions lo..p of its cache (entry t % cap), out[D]. */
-static void q_attend(const float *q, const float *k, const float *v, int64_t lo, int64_t p, int64_t cap,
+/* Query heads q[0 .. nh) (D apart) of one kv head against positions lo..p of its cache (entry
+ * t % cap), out[h * D ..]. Each K and V row is read once for all nh heads (a decode row of a
+ * grouped-query model read them once per head: 4x the traffic for Gemma 3's 4 heads per kv
+ * head). One compiled function for every nh, so each head's result comes from the same
+ * operations whatever nh is. scores: nh * (p - lo + 1) floats. */
+static void q_attend(const float *q, int64_t nh, const float *k, const float *v, int64_t lo, int64_t p, int64_t cap,
                      int64_t D, float scale, float *scores, float *out) {
     const int64_t len = p - lo + 1;
-    float mx = -INFINITY;
     for (int64_t j = 0; j < len; j++) {
         const float *kt = k + ((lo + j) % cap) * D;
-        float s = 0.f;
+        for (int64_t h = 0; h < nh; h++) {
+            const float *qh = q + h * D;
+            float s = 0.f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < D; i++) s += q[i] * kt[i];
-        s *= scale;
-        scores[j] = s;
-        mx = s > mx ? s : mx;
+            for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
+            scores[h * len + j] = s * scale;
+        }
     }
-    float sum = 0.f;
+    float inv[nh];
+    for (int64_t h = 0; h < nh; h++) {
+        float *sc = scores + h * len, mx = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < len; j++) {
-        const float e = sf_exp(scores[j] - mx);
-        scores[j] = e;
-        sum += e;
+        for (int64_t j = 0; j < len; j++) {
+            const float e = sf_exp(sc[j] - mx);
+            sc[j] = e;
+            sum += e;
+        }
+        inv[h] = 1.f / sum;
+        for (int64_t i = 0; i < D; i++) out[h * D + i] = 0.f;
     }
-    for (int64_t i = 0; i < D; i++) out[i] = 0.f;
     for (int64_t j = 0; j < len; j++) {
-        const float w = scores[j];
         const float *vt = v + ((lo + j) % cap) * D;
+        for (int64_t h = 0; h < nh; h++) {
+            const float w = scores[h * len + j];
+            float *o = out + h * D;
 #pragma omp simd
-        for (int64_t i = 0; i < D; i++) out[i] += w * vt[i];
+            for (int64_t i = 0; i < D; i++) o[i] += w * vt[i];
+        }
     }
-    const float inv = 1.f / sum;
-    for (int64_t i = 0; i < D; i++) out[i] *= inv;
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t i = 0; i < D; i++) out[h * D + i] *= inv[h];
 }
 
 static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
@@ -159,7 +171,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
 #pragma omp parallel num_threads(Q->threads)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-        float *scores = Q->scores + (int64_t)tid * Q->max_len;
+        float *scores = Q->scores + (int64_t)tid * Q->max_len * (Q->n_heads / Q->n_kv);
         for (int64_t l = 0; l < Q->n_layers; l++) {
             const QMat *W = Q->mats + 4 * l;
             const QLayer *L = Q->layers + l;
@@ -184,12 +196,16 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
                         memcpy(L->kv + (((p * S + slot[b]) * KV + g) * cap + pos[b] % cap) * D,
                                row + (H + p * KV + g) * D, sizeof(float) * D);
             }
-            for (int64_t task = tid; task < B * H; task += nt) {
-                const int64_t b = task / H, hh = task % H, g = hh / G, p = pos[b];
+            /* a task per (row, kv head) with its query heads together, or per (row, query head)
+             * where that leaves a thread without work */
+            const int64_t nh = B * KV >= 2 * nt ? G : 1, per = H / nh;
+            for (int64_t task = tid; task < B * per; task += nt) {
+                const int64_t b = task / per, hh = task % per * nh, g = hh / G, p = pos[b];
                 const int64_t lo = L->window && p + 1 > L->window ? p + 1 - L->window : 0;
                 const float *k = L->kv + ((0 * S + slot[b]) * KV + g) * cap * D;
                 const float *v = L->kv + ((1 * S + slot[b]) * KV + g) * cap * D;
-                q_attend(Q->qkv + b * QKV + hh * D, k, v, lo, p, cap, D, Q->scale, scores, Q->att + b * ATT + hh * D);
+                q_attend(Q->qkv + b * QKV + hh * D, nh, k, v, lo, p, cap, D, Q->scale, scores,
+                         Q->att + b * ATT + hh * D);
             }
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -284,7 +300,7 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
     Q->gu = malloc(sizeof(float) * max_b * 2 * ffn);
     Q->ff = malloc(sizeof(float) * max_b * ffn);
     Q->tmp = malloc(sizeof(float) * Q->threads * max_b * ROW_GROUP);
-    Q->scores = malloc(sizeof(float) * Q->threads * max_len);
+    Q->scores = malloc(sizeof(float) * Q->threads * max_len * (n_heads / n_kv));
     Q->a32 = (Act32){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 32 + 1)),
                      malloc(sizeof(float) * max_b * (k / 32 + 1))};
     Q->a256 = (Act256){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 256 + 1)),
@@ -383,8 +399,9 @@ void sf_op_rope(const float *x, const int64_t *pos, float *y, int64_t tokens, in
     }
 }
 
-/* out [batch, heads, D] = attention of q [batch, heads, D] over k, v [batch, kv_heads, seq, D];
- * scratch: threads x seq floats */
+/* out [batch, heads, D] = attention of q [batch, heads, D] over k, v [batch, kv_heads, seq, D],
+ * as the step attends (per query head, or per kv head with its query heads together where
+ * batch * kv_heads >= 2 * threads); scratch: threads x seq x (heads / kv_heads) floats */
 void sf_op_attention(const float *q, const float *k, const float *v, float *out, int64_t batch, int64_t heads,
                      int64_t kv_heads, int64_t seq, int64_t D, float scale, float *scratch, int threads,
                      int64_t iters) {
@@ -393,11 +410,13 @@ void sf_op_attention(const float *q, const float *k, const float *v, float *out,
 #pragma omp parallel num_threads(threads) if (threads > 1 && batch * heads > 1)
         {
             const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-            float *scores = scratch + (int64_t)tid * seq;
-            for (int64_t task = tid; task < batch * heads; task += nt) {
-                const int64_t b = task / heads, hh = task % heads, c = hh / G;
+            float *scores = scratch + (int64_t)tid * seq * G;
+            const int64_t nh = batch * kv_heads >= 2 * nt ? G : 1, per = heads / nh;
+            for (int64_t task = tid; task < batch * per; task += nt) {
+                const int64_t b = task / per, hh = task % per * nh, c = hh / G;
                 const float *kb = k + (b * kv_heads + c) * seq * D, *vb = v + (b * kv_heads + c) * seq * D;
-                q_attend(q + task * D, kb, vb, 0, seq - 1, seq, D, scale, scores, out + task * D);
+                q_attend(q + (b * heads + hh) * D, nh, kb, vb, 0, seq - 1, seq, D, scale, scores,
+                         out + (b * heads + hh) * D);
             }
         }
     }
