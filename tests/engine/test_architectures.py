@@ -296,6 +296,10 @@ def test_decode_attention_reads_a_kv_head_once_for_its_query_heads_with_the_same
     kk, vv = (x.double().repeat_interleave(H // KV, dim=1) for x in (k, v))
     ref = torch.softmax(q.double().unsqueeze(2) @ kk.transpose(-1, -2) * D ** -0.5, -1) @ vv
     assert (together.double() - ref.squeeze(2)).abs().max() < 1e-4
+    odd = {"q": q[:, :7], "k": k, "v": v, "batch": B, "heads": 7, "kv_heads": KV, "seq": S, "head_dim": D,
+           "scale": 1.0}  # a problem file's shape the step never computes: refused, no read past k
+    with pytest.raises(RuntimeError, match="multiple"):
+        element_ops.attention(odd)
 
 
 def test_the_block_step_gives_the_same_numbers_on_every_isa_path(tmp_path_factory):

@@ -114,6 +114,9 @@ def rope(t) -> NativeCall:
 def attention(t) -> NativeCall:
     q, k, v = _f32(t, "q"), _f32(t, "k"), _f32(t, "v")
     b, h, d = t["batch"], t["heads"], t["head_dim"]
+    if t["kv_heads"] < 1 or h % t["kv_heads"]:  # qstep.c would index kv heads that do not exist
+        raise RuntimeError(f"the engine attends {h} query heads over {t['kv_heads']} kv heads only when "
+                           "the first is a multiple of the second")
     out = torch.empty(b, h, d, dtype=torch.float32)
     threads = _threads()
     scratch = torch.empty(threads * max(1, t["seq"]) * (t["heads"] // t["kv_heads"]), dtype=torch.float32)

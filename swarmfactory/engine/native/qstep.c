@@ -163,6 +163,11 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
         for (int64_t i = 0; i < D; i++) out[h * D + i] *= inv[h];
 }
 
+/* Query heads per attention task for `rows` rows of `kv` kv heads with `g` query heads each:
+ * all g together (each K/V row read once for them) where that gives each of the `nt` threads
+ * two tasks, else one (q_attend's result for a head is the same either way). */
+static int64_t attend_heads(int64_t rows, int64_t kv, int64_t g, int nt) { return rows * kv >= 2 * nt ? g : 1; }
+
 static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
                    int64_t n_out, const int64_t *out_rows, float *logits) {
     const int64_t D = Q->head_dim, H = Q->n_heads, KV = Q->n_kv, dim = Q->dim, F = Q->ffn;
@@ -196,9 +201,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
                         memcpy(L->kv + (((p * S + slot[b]) * KV + g) * cap + pos[b] % cap) * D,
                                row + (H + p * KV + g) * D, sizeof(float) * D);
             }
-            /* a task per (row, kv head) with its query heads together, or per (row, query head)
-             * where that leaves a thread without work */
-            const int64_t nh = B * KV >= 2 * nt ? G : 1, per = H / nh;
+            const int64_t nh = attend_heads(B, KV, G, nt), per = H / nh;
             for (int64_t task = tid; task < B * per; task += nt) {
                 const int64_t b = task / per, hh = task % per * nh, g = hh / G, p = pos[b];
                 const int64_t lo = L->window && p + 1 > L->window ? p + 1 - L->window : 0;
@@ -400,8 +403,8 @@ void sf_op_rope(const float *x, const int64_t *pos, float *y, int64_t tokens, in
 }
 
 /* out [batch, heads, D] = attention of q [batch, heads, D] over k, v [batch, kv_heads, seq, D],
- * as the step attends (per query head, or per kv head with its query heads together where
- * batch * kv_heads >= 2 * threads); scratch: threads x seq x (heads / kv_heads) floats */
+ * as the step attends (attend_heads query heads per task); heads a multiple of kv_heads;
+ * scratch: threads x seq x (heads / kv_heads) floats */
 void sf_op_attention(const float *q, const float *k, const float *v, float *out, int64_t batch, int64_t heads,
                      int64_t kv_heads, int64_t seq, int64_t D, float scale, float *scratch, int threads,
                      int64_t iters) {
@@ -411,7 +414,7 @@ void sf_op_attention(const float *q, const float *k, const float *v, float *out,
         {
             const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
             float *scores = scratch + (int64_t)tid * seq * G;
-            const int64_t nh = batch * kv_heads >= 2 * nt ? G : 1, per = heads / nh;
+            const int64_t nh = attend_heads(batch, kv_heads, G, nt), per = heads / nh;
             for (int64_t task = tid; task < batch * per; task += nt) {
                 const int64_t b = task / per, hh = task % per * nh, c = hh / G;
                 const float *kb = k + (b * kv_heads + c) * seq * D, *vb = v + (b * kv_heads + c) * seq * D;
