@@ -51,6 +51,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from swarmfactory import lifecycle  # noqa: E402
 from swarmfactory.bench.serving import LEVEL_REPEATS, bench_sync, make_prompts  # noqa: E402
 from swarmfactory.contention import BUSY  # noqa: E402
 from swarmfactory.engine.gguf_loader import bundled_model_path  # noqa: E402
@@ -240,10 +241,14 @@ class Proc:
         self.cmd = cmd
         self.url = url
         self.log = open(log_path, "w")
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # its own process group, adopted: it dies with this benchmark however that ends (a
+        # SIGKILL of the benchmark left both servers running)
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        lifecycle.adopt(self.p.pid, f"benchmark server {shlex.join(cmd[:1])}", ledger_too=False)
         deadline = time.time() + 600
         while time.time() < deadline:
             if self.p.poll() is not None:
+                lifecycle.release(self.p.pid)
                 self.log.close()
                 raise RuntimeError(f"server exited (see {log_path})")
             try:
@@ -263,6 +268,7 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
+        lifecycle.release(self.p.pid)
         self.log.close()
 
 

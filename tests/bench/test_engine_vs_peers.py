@@ -1,6 +1,7 @@
 """The engine-vs-peers benchmark's pure parts: workload and level parsing, server sizing, tables.
 
-No server runs here; the benchmark itself is not part of the test suite.
+No real server runs here (one test starts a stand-in HTTP server to kill the benchmark under it);
+the benchmark itself is not part of the test suite.
 """
 
 import importlib.util
@@ -107,3 +108,54 @@ def test_table_has_a_section_per_workload_with_p99():
     llama = dict(lv, llama_batch=512, llama_ubatch=128)
     results["workloads"]["128x128"]["systems"] = {"llama (round 1)": [llama], "llama (round 2)": [llama]}
     assert bench.table(results, [4]).count("batch sizes kept: c=4: -b 512 -ub 128\n") == 1
+
+
+_HELPER = r"""
+import importlib.util, pathlib, sys, time
+spec = importlib.util.spec_from_file_location("evp", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+root = pathlib.Path(sys.argv[2])
+port = bench.free_port()
+proc = bench.Proc([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
+                  f"http://127.0.0.1:{port}", root / "server.log")
+print(proc.p.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its new parent to reap it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_server_the_benchmark_started_dies_when_the_benchmark_is_killed(tmp_path):
+    """SIGKILL of the benchmark (no finally block runs) once left llama-server and the engine's
+    server running: a server started by Proc is adopted by the process guard and dies with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "health").write_text("ok")  # the stand-in server answers /health
+    helper = subprocess.Popen([sys.executable, "-c", _HELPER, str(_PATH), str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True)
+    server = int(helper.stdout.readline())
+    try:
+        assert _alive(server)  # running while the benchmark runs
+        helper.send_signal(signal.SIGKILL)
+        helper.wait(10)
+        deadline = time.time() + 15
+        while time.time() < deadline and _alive(server):
+            time.sleep(0.2)
+        if _alive(server):
+            raise AssertionError("the benchmark's server outlived it")
+    finally:
+        try:
+            os.kill(server, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
