@@ -12,7 +12,7 @@ __all__ = ["Agent", "Board", "Entry", "Proposal", "make_agents", "agent_names", 
 
 AGENT_SETS = {
     "default": ["seed", "knob-blocking", "knob-vectorisation", "knob-threading", "knob-unrolling",
-                "knob-algorithm", "crossover", "model-guided", "random-restart"],
+                "knob-algorithm", "crossover", "model-guided", "hypothesis-test", "random-restart"],
 }
 
 
@@ -23,6 +23,7 @@ _IN_TREE: dict[str, tuple[str, tuple]] = {
        for aspect in ASPECTS},
     "crossover": ("swarmfactory.agents.crossover:CrossoverAgent", ()),
     "model-guided": ("swarmfactory.agents.model_guided:ModelGuidedAgent", ()),
+    "hypothesis-test": ("swarmfactory.agents.hypothesis:HypothesisAgent", ()),
     "ranking-copy": ("swarmfactory.agents.ranking_copy:RankingCopyAgent", ()),
     "random-restart": ("swarmfactory.agents.knobs:RandomRestartAgent", ()),
 }

@@ -20,6 +20,11 @@ A lesson's weight is its relevance to this problem on this machine:
     working-set sizes (``exp(-|log10 bytes there - log10 bytes here|)``: 1 for the same size, 0.37
     for 10x apart).
   A lesson from another machine is so never applied at full weight before one local confirmation.
+
+A prior keeps a disfavoured value possible, not likely; where lessons make a value unlikely,
+``agents.hypothesis`` measures the matched pairs that test those of another machine among them
+(``Knowledge.hypotheses``, strongest first), so that a wrong one is retired before it narrows the
+search.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Knowledge:
     priors: dict[str, dict[Any, float]] = field(default_factory=dict)
     used: list[tuple[str, float]] = field(default_factory=list)
     rows: list = field(default_factory=list)   # cost-model rows of other problems and machines
+    hypotheses: list[tuple[str, Any, Any]] = field(default_factory=list)  # another machine's (knob, better, worse)
 
 
 def _mid_log_bytes(rng) -> float | None:
@@ -101,9 +107,20 @@ def relevance(lesson: Lesson, problem, hardware: dict) -> float:
     return w
 
 
+def untested_elsewhere(lesson: Lesson, problem_name: str, hardware_id: str | None) -> bool:
+    """Is ``lesson`` one of another machine not confirmed for ``problem_name`` here (untested or
+    pending; a retired one weighs 0): what ``agents.hypothesis`` tests before it narrows the search?
+    Lessons of this machine's other problems are not tested so (the same hardware; measured on
+    the transfer replay, testing them cost more evaluations than it saved, docs/agents.md)."""
+    if lesson.hardware_id == hardware_id:
+        return False
+    return standing(lesson, problem_name, hardware_id) != "confirmed"
+
+
 def knowledge_for(problem, lessons: list[Lesson], hardware: dict) -> Knowledge:
     """Priors and prompt lines for ``problem`` from ``lessons`` (``Store.current_lessons()``
-    rows; retired ones are ignored)."""
+    rows; retired ones are ignored), and the claims of those from another machine not confirmed
+    here, strongest first (what ``agents.hypothesis`` tests before they narrow the search)."""
     scored = []
     for row in lessons:
         if row.status != "active":
@@ -121,4 +138,7 @@ def knowledge_for(problem, lessons: list[Lesson], hardware: dict) -> Knowledge:
         s[d["worse"]] = s.get(d["worse"], 0.0) - step
     priors = {k: {v: math.exp(SHARPNESS * x) for v, x in vals.items()} for k, vals in scores.items()}
     lines = [row.text for _, row in scored[:MAX_LINES]]
-    return Knowledge(lines, priors, [(row.key, w) for w, row in scored])
+    strongest = sorted(scored, key=lambda t: -t[0] * math.log(t[1].data["effect"]))
+    tests = list(dict.fromkeys((row.data["knob"], row.data["better"], row.data["worse"]) for _, row in strongest
+                               if untested_elsewhere(row, problem.name, hardware.get("id"))))
+    return Knowledge(lines, priors, [(row.key, w) for w, row in scored], hypotheses=tests)

@@ -12,7 +12,8 @@ run with the budget it had left. At the end each champion is re-measured before 
 confirmed, kept unconfirmed, or demoted and succeeded by a fresh re-measure of the best retained
 candidate.
 The analyst turns the evidence into lessons at the start, every ``ANALYST_EVERY`` evaluations of
-a problem and at the end; the boards carry the lessons that apply (prompt lines, knob priors).
+a problem, after each test of a lesson from elsewhere (agents/hypothesis.py) and at the end; the
+boards carry the lessons that apply (prompt lines, knob priors).
 
 Several coordinators may share one store: each claims a lease on a candidate before submitting
 it (evidence/leases.py) and releases it once the verdict is recorded, so none evaluates a
@@ -387,7 +388,7 @@ class Coordinator(Factory):
         if self._complete(st, job.prop, job.cid, verdict, job.vversion) or st.since_adversary >= ADVERSARY_EVERY:
             self._adversary_turn(st)
         self._keep_drawn_failure(st, job, verdict)
-        if st.since_analysis >= ANALYST_EVERY:
+        if st.since_analysis >= ANALYST_EVERY or getattr(self.agents.get(job.prop.agent), "learns", False):
             self._learn([st])
 
     def thinking(self) -> bool:  # an agent is answering, or an inconclusive candidate waits its turn
@@ -448,7 +449,7 @@ class Coordinator(Factory):
                 continue
             board = Board(st.problem, st.entries + list(st.pending.values()), st.champion, st.knowledge.lines,
                           self.rng, budget_left, priors=st.knowledge.priors, transfer=st.knowledge.rows,
-                          hardware=self.store.hardware)
+                          hardware=self.store.hardware, hypotheses=st.knowledge.hypotheses)
             order = self.bandit.order()
             first = sorted((a for a in order if self._leads(a, board)),
                            key=lambda a: getattr(self.agents[a], "lead_rank", 1))
