@@ -95,7 +95,7 @@ class Board:
     priors: dict[str, dict[Any, float]] = field(default_factory=dict)
     transfer: list = field(default_factory=list)   # cost-model rows from other problems and machines
     hardware: dict | None = None                   # this machine's fingerprint (the store's)
-    hypotheses: list[tuple[str, Any, Any]] = field(default_factory=list)  # (knob, better, worse) from elsewhere
+    hypotheses: list[tuple[str, Any, Any]] = field(default_factory=list)  # another machine's lessons: (knob, better, worse)
 
     def elites(self, k: int = 8) -> list[Entry]:
         good = [e for e in self.entries if e.correct and e.speedup is not None]

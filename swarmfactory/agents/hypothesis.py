@@ -45,7 +45,8 @@ def _rest(knobs: dict, knob: str) -> tuple:
 
 def pairs(board: Board, knob: str, better: Any, worse: Any) -> list[tuple[Entry | None, Entry | None]]:
     """The matched pairs (better side, worse side) on the board: configurations alike but for
-    ``knob``, one with each value; a side not measured (pending, failed) is None."""
+    ``knob``, one with each value; a side without a usable speed (pending, failed, or measured on
+    a busy machine: weight 0, evidence/quality.py) is None."""
     sides: dict[tuple, dict[Any, Entry]] = {}
     for e in board.entries:
         if e.knobs is not None and e.knobs.get(knob) in (better, worse):
@@ -53,8 +54,7 @@ def pairs(board: Board, knob: str, better: Any, worse: Any) -> list[tuple[Entry 
     out = []
     for both in sides.values():
         if len(both) == 2:
-            b, w = both[better], both[worse]
-            out.append((b if b.correct and b.speedup else None, w if w.correct and w.speedup is not None else None))
+            out.append(tuple(e if e.correct and e.speedup and e.weight > 0 else None for e in (both[better], both[worse])))
     return out
 
 

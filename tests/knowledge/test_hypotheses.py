@@ -368,6 +368,9 @@ def test_a_hypothesis_is_tested_where_it_suppresses_a_value_and_only_until_its_t
     # a first pair whose disfavoured side is at most half the other settles the claim
     slow = Entry("t", first.knobs, "not_faster", 0.5, "hypothesis-test", 1)
     assert ("vw", 8, 16) not in agent.untested(board([best, second, slow]))
+    # ... unless it was measured on a busy machine (weight 0): noise settles nothing
+    busy = dataclasses.replace(slow, weight=0.0)
+    assert agent.untested(board([best, second, busy]))[0] == ("vw", 8, 16)
     # once no claim suppresses a value, nothing is tested
     assert agent.untested(board(twice, priors={"vw": {8: 1.5, 4: 1.2, 1: 0.7, 16: 1.0}})) == []
 
