@@ -146,6 +146,7 @@ class Agent(ABC):
     name: str = "agent"
     stopped: str | None = None
     lead_rank: int = 1   # among agents that lead on a board, the lower rank is asked first
+    learns: bool = False  # the coordinator runs the analyst after each verdict of this agent's candidates
 
     @abstractmethod
     def propose(self, board: Board, n: int = 1) -> list[Proposal]:

@@ -32,15 +32,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from swarmfactory.agents.base import Agent, Board, Entry, Proposal, knob_proposal
+from swarmfactory.agents.base import Agent, Board, Entry, Proposal, knob_key, knob_proposal
 
 SUPPRESSED = 0.5   # a value less likely than this share of a uniform choice is tested first
 TESTS = 2          # matched pairs a hypothesis is tested on (analyst.LOCAL_PAIRS)
 SETTLED = 0.9      # a pair whose disfavoured side is at most this share of the other settles the value
-
-
-def _rest(knobs: dict, knob: str) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in knobs.items() if k != knob))
 
 
 def pairs(board: Board, knob: str, better: Any, worse: Any) -> list[tuple[Entry | None, Entry | None]]:
@@ -50,7 +46,7 @@ def pairs(board: Board, knob: str, better: Any, worse: Any) -> list[tuple[Entry 
     sides: dict[tuple, dict[Any, Entry]] = {}
     for e in board.entries:
         if e.knobs is not None and e.knobs.get(knob) in (better, worse):
-            sides.setdefault(_rest(e.knobs, knob), {})[e.knobs[knob]] = e
+            sides.setdefault(knob_key({k: v for k, v in e.knobs.items() if k != knob}), {})[e.knobs[knob]] = e
     out = []
     for both in sides.values():
         if len(both) == 2:
@@ -61,7 +57,7 @@ def pairs(board: Board, knob: str, better: Any, worse: Any) -> list[tuple[Entry 
 class HypothesisAgent(Agent):
     name = "hypothesis-test"
     lead_rank = 2     # after the seed (0) and the model-guided agent (1)
-    learns = True     # the coordinator runs the analyst after each of its verdicts
+    learns = True
 
     def untested(self, board: Board) -> list[tuple[str, Any, Any]]:
         """The hypotheses (knob, better, worse) to test now, one per suppressed value, the least

@@ -88,13 +88,14 @@ def test_the_microarchitecture_and_bandwidth_are_read_and_measured_once(tmp_path
 
 
 # -- hypotheses ------------------------------------------------------------------------------------------
-def _learnt_on(store, hardware, problem, **plant_kw):
-    """Evidence and lessons of ``problem`` as a run on ``hardware`` left them in ``store``."""
+def _learnt_on(store, hardware, problem, plant=plant_threads, **plant_kw):
+    """Evidence (``plant``, matched threads pairs by default) and lessons of ``problem`` as a run on
+    ``hardware`` left them in ``store``."""
     here = store.hardware
     store.hardware = hardware
     try:
-        plant_threads(store, problem, **plant_kw)
-        Analyst(store).update([problem.name], f"run-{hardware['id']}", [hardware["id"]])
+        plant(store, problem, **plant_kw)
+        Analyst(store).update([problem], f"run-{hardware['id']}", [hardware["id"]])
     finally:
         store.hardware = here
 
@@ -275,22 +276,16 @@ def test_a_short_run_on_noise_alone_writes_no_lesson(tmp_path, monkeypatch):
 AGENTS = "seed,knob-vectorisation,knob-threading,knob-unrolling,knob-algorithm,crossover,hypothesis-test,random-restart"
 
 
-def _vw_lessons_from(store, hardware, problem, slow16: float, sets: int = 6):
-    """Lessons of ``problem`` learnt on ``hardware``: every vw on ``sets`` settings of the other
-    knobs, where 16 lanes are ``slow16`` times slower than 8 (an AVX2 machine running 512-bit
-    code as pairs of halves, or worse) and 4 and 1 lanes are a little and much slower."""
-    here = store.hardware
-    store.hardware = hardware
-    try:
-        rng = random.Random(3)
-        for acc, unroll in list(itertools.product((1, 2, 4), (1, 2, 4)))[:sets]:
-            rest = {"acc": acc, "unroll": unroll}
-            base = 1.5 * (1 + rng.uniform(-0.03, 0.03))
-            for vw, rel in ((8, 1.0), (4, 0.7), (1, 0.2), (16, 1 / slow16)):
-                plant(store, problem, {**BASE, **rest, "vw": vw}, base * rel * (1 + rng.uniform(-0.02, 0.02)))
-        Analyst(store).update([problem], f"run-{hardware['id']}", [hardware["id"]])
-    finally:
-        store.hardware = here
+def _plant_vw(store, problem, slow16: float, sets: int = 6):
+    """Every vw on ``sets`` settings of the other knobs, where 16 lanes are ``slow16`` times slower
+    than 8 (an AVX2 machine running 512-bit code as pairs of halves, or worse) and 4 and 1 lanes
+    are a little and much slower."""
+    rng = random.Random(3)
+    for acc, unroll in list(itertools.product((1, 2, 4), (1, 2, 4)))[:sets]:
+        rest = {"acc": acc, "unroll": unroll}
+        base = 1.5 * (1 + rng.uniform(-0.03, 0.03))
+        for vw, rel in ((8, 1.0), (4, 0.7), (1, 0.2), (16, 1 / slow16)):
+            plant(store, problem, {**BASE, **rest, "vw": vw}, base * rel * (1 + rng.uniform(-0.02, 0.02)))
 
 
 def test_a_lesson_from_another_machine_against_the_best_value_here_is_tested_first_and_retired(tmp_path, monkeypatch):
@@ -305,7 +300,7 @@ def test_a_lesson_from_another_machine_against_the_best_value_here_is_tested_fir
     quick = _quick("rmsnorm")
     store = _store_on(tmp_path, GENOA)
     here = store.hardware
-    _vw_lessons_from(store, MILAN, quick, slow16=6.0)
+    _learnt_on(store, MILAN, quick, plant=_plant_vw, slow16=6.0)
     against = [r for r in store.current_lessons("rmsnorm") if r.data["knob"] == "vw" and r.data["worse"] == 16]
     assert against and all(r.hardware_id == MILAN["id"] for r in against)
     knowledge = knowledge_for(quick, store.current_lessons(), here)
