@@ -148,13 +148,13 @@ def problems_cmd(
     import itertools
 
     from swarmfactory.problems import list_problems, load_problem
-    from swarmfactory.problems.suites.cpu import BLOCK_NAMES
+    from swarmfactory.problems.suites.cpu import BLOCK_NAMES, ENGINE_NAMES
 
     if from_model is not None:
         _derived_problems(from_model, prompt, output, concurrency, name, as_json)
         return
     rows = []
-    for name in list_problems(gpu=True) + list(BLOCK_NAMES):
+    for name in list_problems(gpu=True) + list(BLOCK_NAMES) + list(ENGINE_NAMES):
         p = load_problem(name)
         combos = [dict(zip(p.knobs, c)) for c in itertools.product(*p.knobs.values())] if p.knobs else []
         rows.append({"name": p.name, "version": p.version,

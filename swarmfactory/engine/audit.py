@@ -23,5 +23,6 @@ from __future__ import annotations
 
 def caught(kernel_audit: dict) -> str | None:
     """The first finding in an engine's ``kernel_audit()`` (as ``/health`` carries it), or None."""
-    seams = [*(kernel_audit.get("native_kernels") or {}).values(), kernel_audit.get("native_matvec") or {}]
+    seams = [*(kernel_audit.get("native_kernels") or {}).values(), kernel_audit.get("native_matvec") or {},
+             *(kernel_audit.get("native_matmul") or {}).values()]
     return next((s["dropped"] for s in seams if s.get("dropped")), None)

@@ -63,6 +63,35 @@ def element_family(op: str, problem: str) -> str | None:
     """The problem family of ``problem`` (itself, or of FAMILY.MODEL) if it can run ``op``."""
     family = problem.partition(".")[0]
     return family if family in ELEMENT_OPS.get(op, ()) else None
+# The kernel factory's problems with the engine's own numerics for the 32-element block types
+# (8-bit activations; problems/suites/cpu/qengine.py), whose kernels run inside qlinear.c's
+# kernels for weight parts of that type (native_matmul, engine/native/qext.py): problem -> type.
+ENGINE_MATMUL_FAMILIES = {"q4_0_engine_matmul": "Q4_0", "q4_1_engine_matmul": "Q4_1",
+                          "q5_0_engine_matmul": "Q5_0", "q5_1_engine_matmul": "Q5_1",
+                          "q8_0_engine_matmul": "Q8_0"}
+
+
+def parse_native_matmul(spec: str) -> list[KernelRef]:
+    """The champions a ``native_matmul`` value names (``champion:<type>_engine_matmul[.MODEL][@ID]``
+    joined with ``+``, one per block type); ValueError if it names anything else."""
+    refs, types = [], set()
+    for piece in spec.split(kernelref.JOIN):
+        try:
+            ref = KernelRef.parse(piece.strip(), " in native_matmul")
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        family = ref.target.partition(".")[0]
+        if ref.kind != "champion" or family not in ENGINE_MATMUL_FAMILIES:
+            raise ValueError(f"native_matmul {piece!r}: expected 'champion:PROBLEM[@CANDIDATE_ID]' of "
+                             f"{', '.join(ENGINE_MATMUL_FAMILIES)} (or one derived from a model, PROBLEM.MODEL)")
+        qtype = ENGINE_MATMUL_FAMILIES[family]
+        if qtype in types:
+            raise ValueError(f"native_matmul {spec!r} names two kernels for {qtype}")
+        types.add(qtype)
+        refs.append(ref)
+    return refs
+
+
 # The kernel factory's problem whose kernels run inside the native decoder (native_matvec).
 NATIVE_MATVEC_PROBLEM = "q4_1_packed_matvec"
 
@@ -164,6 +193,12 @@ class EngineConfig(BaseModel):
       which needs a correct evaluation on this hardware (``engine/native/matvec.py``). Compiled
       into the decoder and checked before use; an error if it fails, never a silent fallback.
       Needs the native decoder.
+    - ``native_matmul``: what runs the weight parts of the 32-element block types (Q4_0, Q4_1,
+      Q5_0, Q5_1, Q8_0) in the engine's block kernels (``qnative`` ops and the native block
+      step). ``None``: the engine's own; ``champion:q8_0_engine_matmul`` (``.MODEL`` for the
+      problem derived from a model, ``@ID`` to pin a candidate), several types' joined with
+      ``+``: the kernel factory's champion of that problem with the engine's numerics, checked at
+      load and audited while serving (``engine/native/qext.py``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -208,6 +243,11 @@ class EngineConfig(BaseModel):
         "q4_1_packed_matvec champion for this machine compiled into the native decoder (only where the native "
         "decoder runs; offered only where a champion exists)", "algorithm", name="matvec",
         presets=(("builtin", None),))] = None
+    native_matmul: Annotated[str | None, Knob(
+        ("builtin", "champion"), "builtin = the engine's own block kernels; champion = the kernel factory's "
+        "<type>_engine_matmul champions for this machine (the engine's numerics) run the weights of their block "
+        "types in the native block step and the qnative ops (offered only where a champion exists)",
+        "algorithm", name="qmatmul", presets=(("builtin", None),))] = None
 
     @model_validator(mode="after")
     def _native_applies(self) -> "EngineConfig":
@@ -223,6 +263,11 @@ class EngineConfig(BaseModel):
         if self.native_prefill and not self.native_applies():
             raise ValueError("native_prefill needs the native decoder (weights q4_1, kv_dtype fp32, no kernels, "
                              "native_decode not 0)")
+        if self.native_matmul is not None:
+            parse_native_matmul(self.native_matmul)
+            if self.weights != "q4_1":
+                raise ValueError(f"native_matmul runs inside the engine's block kernels, which run quantised "
+                                 f"weights (weights q4_1); got weights {self.weights}")
         if self.native_matvec is not None:
             parse_native_matvec(self.native_matvec)
             if not self.native_applies():

@@ -110,6 +110,8 @@ class Engine:
                 st = k.audit_state
                 out["native_kernels"][op] = {"calls": st["calls"], "audited": st["audited"],
                                              "dropped": st["dropped"], "audit": k.check}
+        qexts = getattr(self.model, "qexts", None)  # the factory's kernels in the block kernels (native/qext.py)
+        out["native_matmul"] = qexts.audit_state() if qexts is not None else {}
         ext = getattr(self.native, "_ext", None)
         if ext is not None:
             out["native_matvec"] = {"calls": ext.calls, "audited": ext.audited, "dropped": self.native.lib.dropped(),

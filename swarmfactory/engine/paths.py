@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType as QT
 
 from swarmfactory.hardware import MASK_ENV, cpu_fingerprint, cpu_mask, torch_env_for_mask
 
@@ -47,6 +48,7 @@ class Paths:
     fallbacks: list[str] = field(default_factory=list)
     native_kernels: dict[str, dict] = field(default_factory=dict)  # op -> shared object (native_seam)
     native_matvec: dict | None = None  # the decoder's Q4_1 matvec from the factory (native/matvec.py)
+    native_matmul: dict[str, dict] = field(default_factory=dict)  # block type -> the factory's kernel (native/qext.py)
     kernels: dict[str, str] = field(default_factory=dict)  # op -> the kernel(s) its layers run
 
     def as_dict(self) -> dict:
@@ -56,6 +58,7 @@ class Paths:
                 "thresholds": self.thresholds, "fallbacks": list(self.fallbacks),
                 "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()},
                 "native_matvec": dict(self.native_matvec) if self.native_matvec else None,
+                "native_matmul": {t: dict(v) for t, v in self.native_matmul.items()},
                 "kernels": dict(self.kernels)}
 
     def summary(self) -> str:
@@ -79,6 +82,10 @@ class Paths:
             parts.append("native decoder off")
         if self.q4_kernel:
             parts.append(f"thresholds: {self.thresholds}")
+        if self.native_matmul:
+            parts.append("block kernels from the factory: "
+                         + ", ".join(f"{t}=candidate {v['candidate'][:12]} of {v['origin']}"
+                                     for t, v in self.native_matmul.items()))
         if self.native_kernels:
             parts.append("native kernels: "
                          + ", ".join(f"{op}={v['short']}" for op, v in self.native_kernels.items()))
@@ -111,13 +118,18 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
         why = unsupported(gg, model_cls.native_decoder)
         lib = _native(cfg, paths, supply) if why is None else _blocks(cfg, gg, model_cls, paths, why)
 
+    qexts = _load_native_matmul(cfg, paths, supply) if cfg.native_matmul else None
+
     threads = cfg.resolved_threads()
     need = q4 and (cfg.dense_above is None
                    or (lib is not None and (cfg.native_decode is None or cfg.native_prefill is None)))
     cal = key = None
     if need:
-        key = cal_mod.cache_key(model_path, threads, paths.native if not paths.native_matvec
-                                else f"{paths.native}+{matvec.PROBLEM}:{paths.native_matvec['candidate']}")
+        native_key = (paths.native if not paths.native_matvec
+                      else f"{paths.native}+{matvec.PROBLEM}:{paths.native_matvec['candidate']}")
+        for t, v in sorted(paths.native_matmul.items()):  # thresholds measured with the factory's kernels
+            native_key = f"{native_key}+{t}:{v['candidate']}"
+        key = cal_mod.cache_key(model_path, threads, native_key)
         cal = cal_mod.load_cached(key, model_path)
     # Thresholds are measured for the default kernels: an engine whose config names kernels
     # uses stored ones (or the shipped defaults) and never measures, and its named kernels
@@ -129,6 +141,7 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
                       {**classes, **elements})
     ops = {op: [getattr(L, op) for L in model.layers] for op in ("qkv", "o", "gate_up", "down")}
     check_used({**ops, "lm_head": [model.lm_head]}, classes)
+    model.qexts = _attach_native_matmul(qexts, gg, model, lib) if qexts is not None else None
     paths.kernels = _kernels(model)
     if measure_now:
         log.info("measuring this machine's thresholds (first load; cached afterwards)")
@@ -211,6 +224,46 @@ def _native(cfg: EngineConfig, paths: Paths, supply: KernelSupply | None):
         lib = matvec.load(mv, isa, (supply or NoSupply()).on_wrong)
         paths.native_matvec = matvec.describe(mv)
     return lib
+
+
+def _load_native_matmul(cfg: EngineConfig, paths: Paths, supply: KernelSupply | None):
+    """The factory's kernels ``cfg.native_matmul`` names (``native/qext.py``), built, loaded and
+    checked; NativeUnavailable naming the kernel where one fails."""
+    from .native import qext
+    from .native.qlinear import loaded
+
+    got = loaded()
+    if got.lib is None:
+        raise NativeUnavailable(f"native_matmul: the engine's block kernels are unavailable here: {got.reason}")
+    exts = qext.load(cfg.native_matmul, got.lib, supply)
+    paths.native_matmul = exts.describe()
+    return exts
+
+
+def _attach_native_matmul(exts, gg, model, lib):
+    """``exts`` attached to every weight the engine's block kernels run: the ``qnative`` ops of
+    ``model`` and, through ``lib`` (a ``BlockLibrary``), the block step's. NativeUnavailable
+    naming a kernel that would run no weight of this engine."""
+    from .native.qlinear import QNative
+    from .native.qstep import BlockLibrary, linear_names
+
+    linears = [getattr(L, op) for L in model.layers for op in ("qkv", "o", "gate_up", "down")] + [model.lm_head]
+    for lin in linears:
+        if isinstance(lin.kernel, QNative):
+            exts.attach(lin.kernel.packed)
+    blocks = isinstance(lib, BlockLibrary)
+    if blocks:
+        lib.qexts = exts
+    types = {gg.tensor(n).qtype for _, names in linear_names(gg) for n in names}
+    on_qnative = {QT(p.type) for lin in linears if isinstance(lin.kernel, QNative) for p in lin.kernel.packed.parts}
+    for qt, k in exts.kernels.items():
+        runs = (blocks and qt in types) or qt in on_qnative
+        if not runs:
+            where = ("the block step does not run this model" if not blocks
+                     else f"its weights are {', '.join(sorted(t.name for t in types))}")
+            raise NativeUnavailable(f"{k.built.spec}: no {qt.name} weight of this engine runs on the engine's "
+                                    f"block kernels ({where}); it would run nowhere")
+    return exts
 
 
 def _blocks(cfg: EngineConfig, gg, model_cls, paths: Paths, why: str):

@@ -82,8 +82,10 @@ def set_help(config: type[EngineConfig] = EngineConfig) -> str:
 CHAMPION_OPS = ("qkv", "o", "gate_up", "down")
 CHAMPION_PROBLEM = "q4_1_matmul"
 MATVEC_PROBLEM = "q4_1_packed_matvec"  # the native decoder's hot loop (engine/native/matvec.py)
-# design knob -> the kernel-factory problem whose champion "champion" plugs in
-CHAMPION_KNOBS = {"kernels": CHAMPION_PROBLEM, "matvec": MATVEC_PROBLEM}
+ENGINE_MATMUL = "<type>_engine_matmul"  # the block kernels' problems with the engine's numerics (native/qext.py)
+# design knob -> the kernel-factory problem whose champion "champion" plugs in ("kernels" and
+# "qmatmul": one per block type of the model's weights)
+CHAMPION_KNOBS = {"kernels": CHAMPION_PROBLEM, "matvec": MATVEC_PROBLEM, "qmatmul": ENGINE_MATMUL}
 
 
 class NoChampion(ConfigError):
@@ -114,6 +116,35 @@ def matmul_problems(model: str | None) -> dict[str, list[str]]:
     types = {t for ts in op_types(model).values() for t in ts}
     return {qt.name: [p for p in (f"{family}.{stem}", family) if "." not in p or registered(p) is not None]
             for family, qt in FAMILIES.items() if qt.name in types}
+
+
+def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
+    """Block type of ``model``'s weights -> the ``<type>_engine_matmul`` problems whose champion may
+    run its rows in the engine's block kernels (``native_matmul``), best first: the problem derived
+    from this model, then the type's own. None where decode.c computes the model (it runs its own
+    packed kernels, not qlinear.c's)."""
+    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES
+    from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
+    from swarmfactory.engine.models import model_class
+    from swarmfactory.engine.native import unsupported
+    from swarmfactory.problems.derive import registered, slug
+
+    path = resolve_model_path(model)
+    gg = load_gguf(path)
+    if unsupported(gg, model_class(gg.hparams.architecture).native_decoder) is None:
+        return {}
+    stem = slug(path.stem)
+    types = {t for ts in op_types(model).values() for t in ts}
+    return {qt: [p for p in (f"{family}.{stem}", family) if "." not in p or registered(p) is not None]
+            for family, qt in ENGINE_MATMUL_FAMILIES.items() if qt in types}
+
+
+def champion_native_matmul(model: str | None, champions: dict[str, str]) -> str:
+    """The ``native_matmul`` value ``qmatmul=champion`` sets: per block type, the first of
+    ``engine_matmul_problems`` with a champion in ``champions``, joined; "" where none has one."""
+    return kernelref.JOIN.join(spec for probs in engine_matmul_problems(model).values()
+                               if (spec := next((f"champion:{p}@{champions[p]}" for p in probs if champions.get(p)),
+                                                "")))
 
 
 def element_problems(model: str | None) -> dict[str, list[str]]:
@@ -151,12 +182,13 @@ def kernel_problems(model: str | None) -> list[str]:
     matmuls of its weights' types (``matmul_problems``), the problems of its non-linear ops
     (``element_problems``) and the native decoder's matvec."""
     return [*(p for probs in matmul_problems(model).values() for p in probs),
-            *(p for probs in element_problems(model).values() for p in probs), MATVEC_PROBLEM]
+            *(p for probs in element_problems(model).values() for p in probs), MATVEC_PROBLEM,
+            *(p for probs in engine_matmul_problems(model).values() for p in probs)]
 
 
 def pins(cfg: EngineConfig) -> dict[str, str]:
     """problem -> candidate id of every kernel-factory champion ``cfg`` pins (``champion:P@ID``)."""
-    return kernelref.pins([*cfg.kernels.values(), cfg.native_matvec or ""])
+    return kernelref.pins([*cfg.kernels.values(), cfg.native_matvec or "", cfg.native_matmul or ""])
 
 
 # the knobs ``Design.describe`` spells out; any other is named where it is not at its default
@@ -185,8 +217,11 @@ class Design:
             if k.get(knob, "builtin") == "builtin":
                 continue
             if knob == "kernels":
-                linear = {p: c for p, c in self.pins.items() if p != MATVEC_PROBLEM}
+                linear = {p: c for p, c in self.pins.items() if p != MATVEC_PROBLEM and "_engine_matmul" not in p}
                 out += f" {knob}=" + (",".join(f"{p}@{c[:12]}" for p, c in sorted(linear.items())) or "?")
+            elif knob == "qmatmul":
+                mine = {p: c for p, c in self.pins.items() if "_engine_matmul" in p}
+                out += f" {knob}=" + (",".join(f"{p}@{c[:12]}" for p, c in sorted(mine.items())) or "?")
             else:
                 out += f" {knob}={problem}@{(self.pins.get(problem) or '?')[:12]}"
         for name, kf in knob_table(type(self.config)).items():  # knobs declared since, where set
@@ -249,16 +284,22 @@ def build(knobs: dict, base: EngineConfig, champions: dict[str, str] | str | Non
               else {})
     if data["kv_dtype"] != "fp32":  # the attention kernel reads an fp32 cache in place
         linear.pop("attention", None)
+    qmatmul = (champion_native_matmul(base.model, champions) if base.weights == "q4_1" and k["qmatmul"] == "champion"
+               else "")
     for knob, problem in CHAMPION_KNOBS.items():
-        have = bool(linear) if knob == "kernels" else bool(champions.get(problem))
+        have = bool(linear) if knob == "kernels" else bool(qmatmul) if knob == "qmatmul" \
+            else bool(champions.get(problem))
         if base.weights == "q4_1" and k[knob] == "champion" and not have:
             wanted = [probs[-1] for probs in matmul_problems(base.model).values()] if knob == "kernels" \
+                else [probs[-1] for probs in engine_matmul_problems(base.model).values()] if knob == "qmatmul" \
                 else [problem]
             raise NoChampion(f"no {' or '.join(wanted)} champion on this hardware for {knob}=champion, or none "
                              f"confirmed under low contention (swarmfactory run --problems {','.join(wanted)} makes "
                              "and confirms one)")
     if base.weights != "q4_1":
-        k["matvec"] = "builtin"
+        k["matvec"] = k["qmatmul"] = "builtin"
+    elif qmatmul:
+        data["native_matmul"] = qmatmul
     elif k["kernels"] == "champion":
         # the named kernels must run, so the native decoder (its own kernels) is off
         data.update(native_decode=0, native_prefill=0, kernels={**base.kernels, **linear})

@@ -160,7 +160,9 @@ class Tuner(Factory):
         self.champions = records.kernel_champions(store, cfg.model) if cfg.weights == "q4_1" else {}
         self.fixed = dict(cfg.fixed)
         for knob, problem in D.CHAMPION_KNOBS.items():
-            if (D.champion_kernels(cfg.model, self.champions) if knob == "kernels" else problem in self.champions):
+            if (D.champion_kernels(cfg.model, self.champions) if knob == "kernels"
+                    else D.champion_native_matmul(cfg.model, self.champions) if knob == "qmatmul"
+                    else problem in self.champions):
                 continue
             if self.fixed.get(knob) == "champion":
                 raise TuneError(f"{knob}=champion: no {problem} champion on this hardware in {store.shown} "

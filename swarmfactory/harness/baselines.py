@@ -29,12 +29,14 @@ from swarmfactory.problems.spec import Case, Problem
 EAGER_REFERENCE = "eager-reference"
 
 
-def thread_counts(cpus: int) -> list[int]:
+def thread_counts(cpus: int, most: int | None = None) -> list[int]:
+    """The thread counts a baseline is timed on: 1, the powers of two below ``cpus``, and
+    ``cpus``; none above ``most`` (``Problem.baseline_threads``) where given."""
     counts, n = {1, cpus}, 2
     while n < cpus:
         counts.add(n)
         n *= 2
-    return sorted(counts)
+    return sorted(c for c in counts if most is None or c <= most)
 
 
 def resident_bytes(pid: int) -> int:
@@ -162,7 +164,7 @@ class BaselinePool:
         results = []
         for name in problem.baselines:
             for mode in modes:
-                for threads in thread_counts(len(self.cpus)):
+                for threads in thread_counts(len(self.cpus), problem.baseline_threads):
                     try:
                         w = self.set_inputs(problem, name, mode, slot, data.inputs, shape, threads)
                         out = w.request({"op": "call", "slot": slot}, self.timeout, "baseline check")

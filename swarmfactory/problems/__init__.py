@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from swarmfactory.problems.spec import Arg, Case, Problem, Roofline, Tolerance, check_problem
-from swarmfactory.problems.suites.cpu import BLOCK_NAMES
+from swarmfactory.problems.suites.cpu import BLOCK_NAMES, ENGINE_NAMES
 from swarmfactory.problems.suites.cpu import NAMES as CPU_NAMES
 from swarmfactory.problems.suites.gpu import NAMES as GPU_NAMES
 
@@ -58,7 +58,7 @@ def load_problem(name_or_path: str) -> Problem:
         return _CACHE[name_or_path]
     if name_or_path.endswith(".py") or "/" in name_or_path:
         problem = _load_file(Path(name_or_path))
-    elif name_or_path in CPU_NAMES or name_or_path in BLOCK_NAMES:
+    elif name_or_path in CPU_NAMES or name_or_path in BLOCK_NAMES or name_or_path in ENGINE_NAMES:
         module = importlib.import_module(f"swarmfactory.problems.suites.cpu.{name_or_path}")
         problem = _with_source(_from_module(module, name_or_path), f"swarmfactory.problems.suites.cpu.{name_or_path}")
     elif name_or_path in GPU_NAMES:
@@ -75,7 +75,7 @@ def load_problem(name_or_path: str) -> Problem:
     else:
         eps = {ep.name: ep for ep in entry_points(group="swarmfactory.problems")}
         if name_or_path not in eps:
-            known = ", ".join(list(CPU_NAMES) + list(BLOCK_NAMES) + list(GPU_NAMES) + sorted(eps))
+            known = ", ".join(list(CPU_NAMES) + list(BLOCK_NAMES) + list(ENGINE_NAMES) + list(GPU_NAMES) + sorted(eps))
             raise ProblemError(f"unknown problem {name_or_path!r}; known: {known} (or pass a .py path, or a "
                                "problem derived from a model: FAMILY.MODEL)")
         obj = eps[name_or_path].load()
@@ -91,7 +91,7 @@ def load_problem(name_or_path: str) -> Problem:
 def _derived_name(name: str) -> bool:
     """Whether ``name`` is FAMILY.MODEL with a bundled family (``problems/derive.py``)."""
     family, dot, model = name.partition(".")
-    return bool(dot and model) and family in CPU_NAMES + BLOCK_NAMES
+    return bool(dot and model) and family in CPU_NAMES + BLOCK_NAMES + ENGINE_NAMES
 
 
 def problem_from_source(source: str) -> Problem:

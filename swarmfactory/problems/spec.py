@@ -155,6 +155,11 @@ class Problem:
     # "_bf16", else ``eager``. Set it where that is not the op computed in fp32 (a quantised
     # op: dequantise, then multiply in fp32). Not part of the spec hash.
     fp32_torch: Callable[[dict[str, Any]], Callable[[], Any]] | None = None
+    # The most threads a baseline is timed on (None: every count up to the CPUs measured on). A
+    # kernel its user calls once per thread, on that thread's share (the engine's block kernels,
+    # ``<type>_engine_matmul``), is compared one thread against one thread: a baseline on two
+    # threads against a candidate that will run on one of two is not the comparison it will meet.
+    baseline_threads: int | None = None
     # K of that bound; None: the harness default (verify.TORCH_ERROR_MULTIPLE); 0: no such bound
     # (a reference that is not computed in float64 has no error to measure torch's against).
     torch_error_multiple: float | None = None
@@ -233,6 +238,7 @@ class Problem:
             "dists": self.dists, "tol": dataclasses.asdict(self.tolerance),
             "template": self.template, "knobs": {k: list(v) for k, v in self.knobs.items()},
             "baselines": sorted(self.baselines),  # speedups are relative to them
+            **({"baseline_threads": self.baseline_threads} if self.baseline_threads else {}),  # only where set
             # only where set, so every C problem keeps the hash its evidence was recorded under
             **({"backend": self.backend, "interpret": [dict(s) for s in self.interpret_shapes]}
                if self.backend != "c" else {}),

@@ -42,7 +42,8 @@ def test_designs_are_valid_configs_with_stable_keys_and_refuse_unknown_knobs():
     rng = random.Random(0)
     keys = set()
     for _ in range(200):
-        k = D.make_invariant({n: rng.choice(v) for n, v in D.KNOBS.items()}, rng)
+        # (qmatmul: the block kernels' champions; decode.c runs this model, so none is offered)
+        k = D.make_invariant({n: rng.choice(v) for n, v in D.KNOBS.items() if n != "qmatmul"}, rng)
         assert D.batch_invariant(k), k
         d = D.build(k, base, {"q4_1_matmul": "0123abcd", "q4_1_packed_matvec": "4567cdef"})  # every invariant design is a config the engine accepts
         keys.add(d.key)

@@ -21,6 +21,16 @@ def test_thread_counts_cover_one_powers_of_two_and_all():
     assert thread_counts(1) == [1]
     assert thread_counts(2) == [1, 2]
     assert thread_counts(6) == [1, 2, 4, 6]
+    # a problem whose kernel runs once per thread of its user (Problem.baseline_threads)
+    assert thread_counts(6, 1) == [1] and thread_counts(6, 4) == [1, 2, 4]
+
+
+def test_a_problem_called_per_thread_times_its_baselines_on_one_thread():
+    from swarmfactory.problems import load_problem
+
+    p = load_problem("q8_0_engine_matmul")
+    assert p.baseline_threads == 1
+    assert load_problem("q8_0_matmul").baseline_threads is None
 
 
 def _state(pid: int) -> str:

@@ -75,10 +75,38 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
-/* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes. */
+/* An external kernel for the parts of one 32-element type: a kernel of the kernel factory's
+ * <type>_engine_matmul problem (a separate shared object, found by pointer), with the ABI and
+ * numerics of sf_qlinear_q32 below, and its audit. The same layout as decode.c's Ext (Python:
+ * library.Ext). Every call of it gets a private copy of the activations (so it cannot change what
+ * another thread's call reads) and guard floats after its outputs; a call whose copy changed or
+ * whose guard was written, and an audited output outside the tolerance, drop the kernel for good
+ * (bad = 1): from then on rows_dot runs, the call that found it is recomputed there, and
+ * sf_qlinear and sf_qstep run their whole call again (returning 1). Audited: the first call at
+ * each batch size and 1 in `share` of the others, one random row of the call for every batch
+ * row, against rows_dot. */
+typedef void (*Q32Fn)(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y, int64_t n,
+                      int64_t k, int64_t batch);
+typedef struct QExt {
+    Q32Fn fn;                     /* NULL: the engine's own kernel */
+    float rtol, atol;
+    uint64_t seed;
+    int32_t bad;                  /* set at the first fault: rows_dot runs from then on */
+    int32_t audit;                /* 0: no audit (tests that must show a broken kernel caught elsewhere) */
+    int64_t share;                /* audit the first call at each batch size, then 1 call in `share` */
+    uint64_t seen[16];            /* batch sizes < 1024 audited at least once (a bitmap) */
+    int64_t calls, audited;
+    int64_t n, k, batch, row, b;  /* the first fault: the call's n, k, batch, the output's row and batch row */
+    float got, want, bound;       /* the values; bound: the magnitude term of the tolerance */
+    int32_t why;                  /* 1 wrong output, 2 changed its inputs, 3 wrote past its outputs */
+} QExt;
+
+/* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes;
+ * ext: NULL, or an external kernel for it (32-element types only). */
 typedef struct {
     int64_t type, rows, row_bytes;
     const uint8_t *data;
+    QExt *ext;
 } QPart;
 
 static int64_t elems(int64_t t) { return t == Q4_K || t == Q5_K || t == Q6_K ? 256 : 32; }
@@ -603,6 +631,149 @@ static void rows_dot(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64_t
 #endif
 }
 
+/* y[m * R + r] = W[row r] . x[m] for R rows (row stride rb) of 32-element type t, on the
+ * engine's own kernel: the layout of the external kernels' ABI. tmp: ROW_GROUP * M floats. */
+static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64_t K, const Act32 *a, int64_t M,
+                       float *y, float *tmp) {
+    const Act256 none = {0};
+    const int64_t g = row_group(rb);
+    for (int64_t r0 = 0; r0 < R; r0 += g) {
+        const int64_t G = R - r0 < g ? R - r0 : g;
+        rows_dot(t, w + r0 * rb, rb, G, K, a, &none, M, tmp);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t r = 0; r < G; r++) y[m * R + r0 + r] = tmp[r * M + m];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* external kernels (QExt)                                                                   */
+
+#define EXT_ROWS 256      /* weight rows per call of an external kernel, at most */
+#define EXT_GUARD 16      /* floats after a call's outputs that it must leave as they were */
+/* The audit's tolerance: the problem's, atol + rtol |y|, plus EXT_AUDIT_SCALE times the output's
+ * magnitude bound sum_j |d_w xd| umax sum |xq| + |m_w xs| (umax: the largest |weight quant|):
+ * an fp32 sum of the terms in another order (a kernel's legitimate choice) differs by ~1e-6 of
+ * that. */
+#define EXT_AUDIT_SCALE 1e-5f
+
+static inline uint64_t qx_mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* the first fault, recorded once */
+static void qx_fail(QExt *e, int why, int64_t n, int64_t k, int64_t B, int64_t row, int64_t b, float got, float want,
+                    float bound) {
+    if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
+        e->n = n; e->k = k; e->batch = B; e->row = row; e->b = b;
+        e->got = got; e->want = want; e->bound = bound; e->why = why;
+    }
+}
+
+static inline int qx_active(const QPart *P) {
+    return P->ext && P->ext->fn && !__atomic_load_n(&P->ext->bad, __ATOMIC_RELAXED);
+}
+
+/* Floats of one thread's scratch for external kernels at M activation rows of K columns: the
+ * outputs and their guard, rows_dot's tile and the audit's row, and the private activations. */
+static int64_t qx_scratch(int64_t M, int64_t K) {
+    return M * EXT_ROWS + EXT_GUARD + (ROW_GROUP + 1) * M + 2 * M * (K / 32) + (M * K + 3) / 4 + 16;
+}
+
+typedef struct {
+    float *out, *tmp;
+    Act32 mine;
+} QxSlot;
+
+static QxSlot qx_slot(float *base, int64_t M, int64_t K) {
+    QxSlot s;
+    s.out = base;
+    s.tmp = s.out + M * EXT_ROWS + EXT_GUARD;
+    s.mine.d = s.tmp + (ROW_GROUP + 1) * M;
+    s.mine.s = s.mine.d + M * (K / 32);
+    s.mine.q = (int8_t *)(s.mine.s + M * (K / 32));
+    return s;
+}
+
+/* Rows [0, R) (R <= EXT_ROWS) of a part of P's type at w into S->out[m * R + r], on P's external
+ * kernel, checked and audited as QExt says; on a fault (this call's or, meanwhile, another's)
+ * the rows come from rows_dot. */
+static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, const Act32 *a, int64_t M, QxSlot *S) {
+    QExt *e = P->ext;
+    const int64_t t = P->type, nb = K / 32;
+    if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) {
+        memcpy(S->mine.q, a->q, (size_t)(M * K));
+        memcpy(S->mine.d, a->d, sizeof(float) * (size_t)(M * nb));
+        memcpy(S->mine.s, a->s, sizeof(float) * (size_t)(M * nb));
+        union { uint32_t u; float f; } sentinel = {(uint32_t)qx_mix(e->seed) | 0x7fc00001u}; /* a NaN */
+        for (int i = 0; i < EXT_GUARD; i++) S->out[M * R + i] = sentinel.f;
+        e->fn(w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
+        const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
+        if (e->audit) {
+            int past = 0;
+            for (int i = 0; i < EXT_GUARD; i++) {
+                uint32_t u;
+                memcpy(&u, S->out + M * R + i, 4);
+                past |= u != sentinel.u;
+            }
+            const int changed = memcmp(S->mine.q, a->q, (size_t)(M * K)) ||
+                                memcmp(S->mine.d, a->d, sizeof(float) * (size_t)(M * nb)) ||
+                                memcmp(S->mine.s, a->s, sizeof(float) * (size_t)(M * nb));
+            if (changed || past) qx_fail(e, changed ? 2 : 3, R, K, M, 0, 0, 0.f, 0.f, 0.f);
+            const uint64_t draw = qx_mix(e->seed + call * 0x9e3779b97f4a7c15ULL);
+            int check = e->share <= 1;
+            if (!check && M < 1024) {
+                const uint64_t bit = 1ULL << (M & 63);
+                check = !(__atomic_fetch_or(&e->seen[M >> 6], bit, __ATOMIC_RELAXED) & bit);
+            }
+            check = check || (draw >> 32) % (uint64_t)e->share == 0;
+            if (check && !changed && !past) {
+                __atomic_fetch_add(&e->audited, 1, __ATOMIC_RELAXED);
+                const int64_t r = (int64_t)((draw & 0xffffffffULL) % (uint64_t)R);
+                const int64_t bs = block_bytes(t), rb = nb * bs;
+                const uint8_t *row = w + r * rb;
+                float *ref = S->tmp, *bound = S->tmp + ROW_GROUP * M;
+                const Act256 none = {0};
+                rows_dot(t, row, rb, 1, K, a, &none, M, ref);
+                const float umax = t == Q8_0 ? 128.f : (t == Q5_0 || t == Q5_1) ? 31.f : 15.f;
+                for (int64_t m = 0; m < M; m++) bound[m] = 0.f;
+                for (int64_t j = 0; j < nb; j++) {
+                    const uint8_t *b = row + j * bs;
+                    const float dw = fabsf(fp16(b));
+                    const float mw = t == Q4_1 || t == Q5_1 ? fabsf(fp16(b + 2)) : t == Q4_0 ? 8.f * dw
+                                     : t == Q5_0 ? 16.f * dw : 0.f;
+                    for (int64_t m = 0; m < M; m++) {
+                        const int8_t *xq = a->q + m * K + 32 * j;
+                        int32_t qa = 0;
+                        for (int i = 0; i < 32; i++) qa += xq[i] < 0 ? -xq[i] : xq[i];
+                        bound[m] += dw * fabsf(a->d[m * nb + j]) * umax * (float)qa + mw * fabsf(a->s[m * nb + j]);
+                    }
+                }
+                for (int64_t m = 0; m < M; m++) {
+                    const float got = S->out[m * R + r], want = ref[m];
+                    const float tol = e->atol + e->rtol * fabsf(want) + EXT_AUDIT_SCALE * bound[m];
+                    if (!(fabsf(got - want) <= tol) && !(want != want && got != got)) { /* NaN only where rows_dot has one */
+                        qx_fail(e, 1, R, K, M, r, m, got, want, EXT_AUDIT_SCALE * bound[m]);
+                        break;
+                    }
+                }
+            }
+        }
+        if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) return;
+    }
+    own_rows_t(t, w, nb * block_bytes(t), R, K, a, M, S->out, S->tmp);
+}
+
+/* External kernels of these parts dropped so far (a call compares the count before and after). */
+static int64_t qx_dropped(const QPart *parts, int64_t n_parts) {
+    int64_t c = 0;
+    for (int64_t p = 0; p < n_parts; p++)
+        c += parts[p].ext && parts[p].ext->fn && __atomic_load_n(&parts[p].ext->bad, __ATOMIC_SEQ_CST);
+    return c;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* threads                                                                                   */
 
@@ -621,6 +792,7 @@ typedef struct {
     void *y;
     int y_bf16;
     float *out;        /* [helpers + 1, ROW_GROUP, M]: a row group's results before they go to y */
+    float *xbase;      /* [helpers + 1, qx_scratch(M, K)]: external kernels' scratch (NULL: none) */
 } Job;
 
 #define MAX_HELPERS 255
@@ -646,11 +818,26 @@ static inline void relax(void) {
 #endif
 }
 
-static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out) {
+static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xscratch) {
     int64_t base = 0;
     for (int64_t p = 0; p < J->n_parts; p++) {
         const QPart *P = J->parts + p;
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
+        if (xscratch && qx_active(P)) {
+            QxSlot S = qx_slot(xscratch, J->M, J->K);
+            for (int64_t n = lo; n < hi; n += EXT_ROWS) {
+                const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
+                ext_rows(P, P->data + (n - base) * P->row_bytes, R, J->K, J->a32, J->M, &S);
+                for (int64_t m = 0; m < J->M; m++)
+                    for (int64_t r = 0; r < R; r++) {
+                        const float v = S.out[m * R + r];
+                        if (J->y_bf16) ((uint16_t *)J->y)[m * J->N + n + r] = float_to_bf16(v);
+                        else ((float *)J->y)[m * J->N + n + r] = v;
+                    }
+            }
+            base += P->rows;
+            continue;
+        }
         const int64_t g = row_group(P->row_bytes);
         for (int64_t n = lo; n < hi; n += g) {
             const int64_t R = hi - n < g ? hi - n : g;
@@ -677,7 +864,9 @@ static void run_chunks(int slot) {
         /* chunk idx is ours: the call (and so pool.job) lasts until it is done */
         const Job *J = &pool.job;
         const int64_t n0 = idx * J->chunk, n1 = n0 + J->chunk < J->N ? n0 + J->chunk : J->N;
-        run_rows(J, n0, n1, J->out + (slot < 0 ? helpers : slot) * J->M * ROW_GROUP);
+        const int64_t me = slot < 0 ? helpers : slot;
+        run_rows(J, n0, n1, J->out + me * J->M * ROW_GROUP,
+                 J->xbase ? J->xbase + me * qx_scratch(J->M, J->K) : NULL);
         atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
     }
 }
@@ -725,20 +914,25 @@ static int ensure_helpers(int want) {
 /* y[M, N] = x[M, K] @ W^T, W = the parts stacked (N = sum of their rows). x: fp32, or bf16 if
  * x_bf16; y likewise by y_bf16, row stride N. Up to `threads` threads (the caller and
  * threads - 1 helpers) share the rows of W.
- * Returns 0; -1 for bad arguments (unknown type, K not a multiple of a part's block, a row
- * stride shorter than a row); -2 if scratch memory could not be allocated. */
+ * A part with an external kernel (QExt) runs on it, EXT_ROWS rows a call at most.
+ * Returns 0; 1 when an external kernel was dropped during the call (the whole call then ran
+ * again, and y is the engine's own kernels' result); -1 for bad arguments (unknown type, K not a
+ * multiple of a part's block, a row stride shorter than a row, an external kernel on a
+ * K-quant part); -2 if scratch memory could not be allocated. */
 int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const void *x, int x_bf16,
                void *y, int y_bf16, int threads) {
     if (n_parts < 1 || K < 1 || M < 1) return -1;
     int64_t N = 0;
-    int need32 = 0, need256 = 0;
+    int need32 = 0, need256 = 0, has_ext = 0;
     for (int64_t p = 0; p < n_parts; p++) {
         const int64_t t = parts[p].type, bs = block_bytes(t);
         if (!bs || K % elems(t) || parts[p].rows < 0 || parts[p].row_bytes < K / elems(t) * bs || !parts[p].data)
             return -1;
+        if (parts[p].ext && parts[p].ext->fn && elems(t) != 32) return -1;
         N += parts[p].rows;
         need32 |= elems(t) == 32;
         need256 |= elems(t) == 256;
+        has_ext |= parts[p].ext && parts[p].ext->fn;
     }
     if (N == 0) return 0;
     /* a thread per MIN_WORK block products at most; at least 8 rows a chunk, about 16 chunks
@@ -754,7 +948,8 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
 
     Act32 a32 = {0};
     Act256 a256 = {0};
-    float *scratch = malloc(sizeof(float) * ((size_t)K + (size_t)(helpers + 1) * (size_t)M * ROW_GROUP));
+    const size_t own = (size_t)K + (size_t)(helpers + 1) * (size_t)M * ROW_GROUP;
+    float *scratch = malloc(sizeof(float) * (own + (has_ext ? (size_t)(helpers + 1) * (size_t)qx_scratch(M, K) : 0)));
     if (need32) {
         a32.q = malloc((size_t)(M * K));
         a32.d = malloc(sizeof(float) * M * (K / 32));
@@ -779,21 +974,27 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
         }
         quantize_row(xr, K, m, &a32, &a256);
     }
-    const Job job = {parts, n_parts, K, M, N, chunk, &a32, &a256, y, y_bf16, scratch + K};
-    if (!helpers) {
-        run_rows(&job, 0, N, job.out);
-        goto done;
-    }
-    const int64_t n_chunks = (N + chunk - 1) / chunk;
-    pool.job = job;
-    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
-    atomic_store_explicit(&pool.next, ((uint64_t)n_chunks << 40) | ((uint64_t)helpers << 32), memory_order_release);
-    atomic_fetch_add_explicit(&pool.wake, 1, memory_order_release);
-    syscall(SYS_futex, &pool.wake, FUTEX_WAKE_PRIVATE, helpers, NULL, NULL, 0);
-    run_chunks(-1);
-    for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < n_chunks; spin++) {
-        if (spin < 64) relax();
-        else sched_yield(); /* a helper holds a chunk: let it run */
+    const Job job = {parts, n_parts, K, M, N, chunk, &a32, &a256, y, y_bf16, scratch + K, has_ext ? scratch + own : NULL};
+    const int64_t dropped = has_ext ? qx_dropped(parts, n_parts) : 0;
+    for (int pass = 0; pass < 2; pass++) { /* again, on the engine's own kernel, if one was dropped meanwhile */
+        if (!helpers) {
+            run_rows(&job, 0, N, job.out, job.xbase);
+        } else {
+            const int64_t n_chunks = (N + chunk - 1) / chunk;
+            pool.job = job;
+            atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+            atomic_store_explicit(&pool.next, ((uint64_t)n_chunks << 40) | ((uint64_t)helpers << 32),
+                                  memory_order_release);
+            atomic_fetch_add_explicit(&pool.wake, 1, memory_order_release);
+            syscall(SYS_futex, &pool.wake, FUTEX_WAKE_PRIVATE, helpers, NULL, NULL, 0);
+            run_chunks(-1);
+            for (int spin = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < n_chunks; spin++) {
+                if (spin < 64) relax();
+                else sched_yield(); /* a helper holds a chunk: let it run */
+            }
+        }
+        if (!has_ext || qx_dropped(parts, n_parts) == dropped) break;
+        rc = 1;
     }
 done:
     if (pooled) pthread_mutex_unlock(&pool.call);
@@ -801,4 +1002,23 @@ done:
     free(a32.q); free(a32.d); free(a32.s);
     free(a256.q); free(a256.d); free(a256.bsums);
     return rc;
+}
+
+/* The engine's own kernel for one weight of a 32-element type t (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+ * on activations quantised already, on the calling thread: y[b * n + r] = W[row r] . x[b], as
+ * run_rows computes each output (row groups, passes of 8/4/2/1 activation rows). The ABI of the
+ * kernel factory's <type>_engine_matmul problems (their yardstick, and the function a champion
+ * of theirs replaces through QExt): w the n rows of k / 32 blocks as stored; xq int8 [batch, k];
+ * xd, xs fp32 [batch, k / 32] (xs = xd * sum of the block's xq). Returns 0; -1 for bad
+ * arguments; -2 if scratch memory could not be allocated. */
+int sf_qlinear_q32(int64_t t, const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y,
+                   int64_t n, int64_t k, int64_t batch) {
+    const int64_t bs = block_bytes(t);
+    if (!bs || elems(t) != 32 || k < 32 || k % 32 || n < 0 || batch < 1) return -1;
+    float *tmp = malloc(sizeof(float) * (size_t)(ROW_GROUP * batch));
+    if (!tmp) return -2;
+    const Act32 a32 = {(int8_t *)xq, (float *)xd, (float *)xs};
+    own_rows_t(t, w, k / 32 * bs, n, k, &a32, batch, y, tmp);
+    free(tmp);
+    return 0;
 }

@@ -61,7 +61,7 @@ def runnable_paths(features: frozenset[str] | None = None) -> list[IsaPath]:
 
 class _Part(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int64), ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64),
-                ("data", ctypes.c_void_p)]
+                ("data", ctypes.c_void_p), ("ext", ctypes.c_void_p)]
 
 
 def source() -> str:
@@ -88,6 +88,8 @@ def load_library(path: IsaPath | tuple[str, ...]):
     lib.sf_qlinear.restype = c_int
     lib.sf_qlinear.argtypes = [p, i64, i64, i64, p, c_int, p, c_int, c_int]
     lib.sf_qlinear_isa.restype = ctypes.c_char_p
+    lib.sf_qlinear_q32.restype = c_int
+    lib.sf_qlinear_q32.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
     f32 = ctypes.c_float  # the block step (qstep.c, native/qstep.py)
     lib.sf_qstep_new.restype = p
     lib.sf_qstep_new.argtypes = [i64, i64, i64, i64, i64, i64, i64, f32, f32, c_int, i64, i64, i64, i64, p, p, p,
@@ -115,6 +117,7 @@ class Packed:
         self.parts = (_Part * len(self.blocks))(*[_Part(int(p.qtype), p.rows, b.shape[1], b.data_ptr())
                                                   for p, b in zip(weight.parts, self.blocks)])
         self.n_parts, self.rows, self.cols = len(self.blocks), weight.rows, weight.cols
+        self.exts = None  # the factory's kernels its parts point at (native/qext.py ``Exts.attach``)
 
     def __call__(self, lib, x: torch.Tensor, threads: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """y [M, rows] = x [M, cols] @ W.T; x fp32 or bf16, y in ``out_dtype`` (default x's)."""
@@ -125,8 +128,10 @@ class Packed:
         y = torch.empty(x.shape[0], self.rows, dtype=out_dtype)
         rc = lib.sf_qlinear(self.parts, self.n_parts, self.cols, x.shape[0], x.data_ptr(),
                             x.dtype == torch.bfloat16, y.data_ptr(), out_dtype == torch.bfloat16, threads)
-        if rc:
+        if rc < 0:
             raise ValueError(f"sf_qlinear rejected its arguments ({rc}): x {tuple(x.shape)}, {self.n_parts} parts")
+        if rc == 1 and self.exts is not None:  # a factory kernel failed its audit: y is the engine's own result
+            self.exts.poll()
         return y
 
 
@@ -343,7 +348,10 @@ class QNative(LinearKernel):
         if x.dtype != self.act_dtype or not x.is_contiguous():
             x = x.to(self.act_dtype).contiguous()
         y = torch.empty(x.shape[0], self.out_features, dtype=self.act_dtype)
-        if self._fn(self._parts, self._n, self.in_features, x.shape[0], x.data_ptr(), self._bf16, y.data_ptr(),
-                    self._bf16, torch.get_num_threads()):
+        rc = self._fn(self._parts, self._n, self.in_features, x.shape[0], x.data_ptr(), self._bf16, y.data_ptr(),
+                      self._bf16, torch.get_num_threads())
+        if rc < 0:
             raise ValueError(f"sf_qlinear rejected x of shape {tuple(x.shape)}")
+        if rc == 1:  # a factory kernel (native/qext.py) failed its audit: y is the engine's own result
+            self.packed.exts.poll()
         return y

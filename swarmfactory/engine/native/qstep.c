@@ -54,6 +54,7 @@ typedef struct {
     const float *cos, *sin; /* [n_rope_sets, n_pos, head_dim]: x*cos + rotate_half(x)*sin (signed) */
     /* scratch */
     float *x, *h, *qkv, *att, *gu, *ff, *tmp, *scores;
+    float *xtmp; /* [threads, qx_scratch(max_b, kmax)]: external kernels' scratch (NULL: no part has one) */
     int64_t kmax;
     Act32 a32;
     Act256 a256;
@@ -87,6 +88,18 @@ static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_
     for (int64_t p = 0; p < W->n_parts; p++) {
         const QPart *P = W->parts + p;
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
+        if (Q->xtmp && qx_active(P)) { /* the factory's kernel for this part's type (QExt) */
+            QxSlot S = qx_slot(Q->xtmp + (int64_t)t * qx_scratch(Q->max_b, Q->kmax), M, W->cols);
+            for (int64_t n = lo; n < hi; n += EXT_ROWS) {
+                const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
+                ext_rows(P, P->data + (n - base) * P->row_bytes, R, W->cols, &Q->a32, M, &S);
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t r = 0; r < R; r++)
+                        y[m * ldy + n + r] = S.out[m * R + r] + (W->bias ? W->bias[n + r] : 0.f);
+            }
+            base += P->rows;
+            continue;
+        }
         const int64_t g = row_group(P->row_bytes);
         for (int64_t n = lo; n < hi; n += g) {
             const int64_t R = hi - n < g ? hi - n : g;
@@ -251,7 +264,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
 
 void sf_qstep_free(QModel *Q) {
     if (!Q) return;
-    free(Q->x); free(Q->h); free(Q->qkv); free(Q->att); free(Q->gu); free(Q->ff); free(Q->tmp);
+    free(Q->x); free(Q->h); free(Q->qkv); free(Q->att); free(Q->gu); free(Q->ff); free(Q->tmp); free(Q->xtmp);
     free(Q->scores);
     free(Q->a32.q); free(Q->a32.d); free(Q->a32.s);
     free(Q->a256.q); free(Q->a256.d); free(Q->a256.bsums);
@@ -272,6 +285,7 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
         (act != ACT_SILU && act != ACT_GELU_TANH))
         return NULL;
     const int64_t want[5][2] = {{QKV, dim}, {dim, ATT}, {2 * ffn, dim}, {dim, ffn}, {vocab, dim}};
+    int has_ext = 0;
     for (int64_t i = 0; i <= 4 * n_layers; i++) {
         const QMat *W = mats + i;
         const int64_t *rc = want[i == 4 * n_layers ? 4 : i % 4];
@@ -280,6 +294,10 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
             const int64_t t = W->parts[p].type, bs = block_bytes(t);
             if (!bs || W->cols % elems(t) || W->parts[p].row_bytes < W->cols / elems(t) * bs || !W->parts[p].data)
                 return NULL;
+            if (W->parts[p].ext && W->parts[p].ext->fn) {
+                if (elems(t) != 32) return NULL;
+                has_ext = 1;
+            }
             rows += W->parts[p].rows;
         }
         if (rows != W->rows || W->rows != rc[0] || W->cols != rc[1]) return NULL;
@@ -304,6 +322,10 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
     Q->ff = malloc(sizeof(float) * max_b * ffn);
     Q->tmp = malloc(sizeof(float) * Q->threads * max_b * ROW_GROUP);
     Q->scores = malloc(sizeof(float) * Q->threads * max_len * (n_heads / n_kv));
+    if (has_ext && !(Q->xtmp = malloc(sizeof(float) * Q->threads * qx_scratch(max_b, k)))) {
+        sf_qstep_free(Q);
+        return NULL;
+    }
     Q->a32 = (Act32){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 32 + 1)),
                      malloc(sizeof(float) * max_b * (k / 32 + 1))};
     Q->a256 = (Act256){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 256 + 1)),
@@ -316,11 +338,20 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
     return Q;
 }
 
+/* external kernels of the model's weights dropped so far (QExt) */
+static int64_t q_dropped(const QModel *Q) {
+    int64_t c = 0;
+    for (int64_t i = 0; i <= 4 * Q->n_layers; i++) c += qx_dropped(Q->mats[i].parts, Q->mats[i].n_parts);
+    return c;
+}
+
 /* One step over B rows. x_in: [B, dim] the rows' embeddings (already scaled where the model
  * scales them); slot/pos: each row's KV slot and the position of its token; out_rows: the n_out
- * rows whose logits are wanted, written in that order to logits [n_out, vocab]. Returns 0; -1
- * for bad arguments, including more rows of one slot than a ring layer can hold at once (a
- * row must not overwrite an entry another row of the call still reads). */
+ * rows whose logits are wanted, written in that order to logits [n_out, vocab]. Returns 0; 1
+ * when a weight's external kernel (QExt) was dropped during the step, which then ran again on
+ * the engine's own kernels; -1 for bad arguments, including more rows of one slot than a ring
+ * layer can hold at once (a row must not overwrite an entry another row of the call still
+ * reads). */
 int sf_qstep(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
              int64_t n_out, const int64_t *out_rows, float *logits) {
     if (B < 1 || B > Q->max_b || n_out < 0 || n_out > B) return -1;
@@ -340,8 +371,15 @@ int sf_qstep(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const
         for (int64_t b = 0; b < B; b++)
             for (int64_t c = 0; c < B; c++)
                 if (slot[c] == slot[b] && pos[c] - pos[b] >= room) return -1;
+    if (!Q->xtmp) {
+        q_step(Q, B, x_in, slot, pos, n_out, out_rows, logits);
+        return 0;
+    }
+    const int64_t dropped = q_dropped(Q);
     q_step(Q, B, x_in, slot, pos, n_out, out_rows, logits);
-    return 0;
+    if (q_dropped(Q) == dropped) return 0;
+    q_step(Q, B, x_in, slot, pos, n_out, out_rows, logits); /* on the engine's own kernels */
+    return 1;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -74,6 +74,7 @@ class BlockLibrary:
 
     def __init__(self, loaded_lib: Loaded):
         self.lib, self.isa = loaded_lib.lib, loaded_lib.isa
+        self.qexts = None  # the factory's kernels for block types (native/qext.py), set by paths.plan
 
 
 class BlockDecoder:
@@ -99,6 +100,7 @@ class BlockDecoder:
         self.max_rows = max_batch + max_prompt
         self.fallbacks: list[str] = []
         self.lib, self.isa = lib.lib, f"blocks-{lib.isa}"
+        self.qexts = lib.qexts
         self._keep: list = []
 
         def vec(name: str | None, size: int = hp.dim):
@@ -122,6 +124,8 @@ class BlockDecoder:
             key = ("head", op) if op == "lm_head" else (idx // 4, op)
             k = kernels.get(key)
             packed = k.packed if isinstance(k, QNative) else Packed(Weight([gg.tensor(n) for n in names]))
+            if lib.qexts is not None:
+                lib.qexts.attach(packed)
             self._keep.append(packed)
             bias = None
             if op == "qkv":
@@ -183,7 +187,9 @@ class BlockDecoder:
         logits = torch.empty(out_rows.shape[0], self.hp.vocab_size, dtype=torch.float32)
         rc = self.lib.sf_qstep(self._model, B, x.data_ptr(), slots.data_ptr(), positions.data_ptr(),
                                out_rows.shape[0], out_rows.data_ptr(), logits.data_ptr())
-        if rc != 0:
+        if rc == 1 and self.qexts is not None:  # a factory kernel failed its audit: the step ran again without it
+            self.qexts.poll()
+        elif rc != 0:
             raise ValueError(f"block step rejected its rows (rows {B} of at most {self.max_rows}, "
                              f"slots {slots.tolist()[:8]}, positions {positions.tolist()[:8]})")
         return logits

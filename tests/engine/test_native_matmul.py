@@ -1,0 +1,255 @@
+"""The kernel factory's ``<type>_engine_matmul`` kernels inside the engine's block kernels
+(``EngineConfig.native_matmul``, engine/native/qext.py).
+
+Real gcc, real qlinear.c builds. The first tests plug hand-written kernels of the ABI straight
+into qlinear.c's parts (``QExt``): the check at load, the audit while serving (a kernel wrong only
+at one batch size, one that writes to its inputs, one that writes past its outputs) and the
+re-run on the engine's own kernel. The last ones serve a tiny Gemma 3 through a real SQLite store
+holding the problem's candidates: the template's defaults (the engine's own code) give the
+default engine's logits bit for bit in the block step, a wrong candidate is refused at load, and
+one wrong only at an unchecked batch is caught while serving, recomputed and reported.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+import tiny_models as tm
+from engine_support import THREADS
+
+from swarmfactory.engine.kernels import Weight
+from swarmfactory.engine.native import NativeUnavailable
+from swarmfactory.engine.native import qext, qlinear
+from swarmfactory.engine.supply import BuiltKernel
+
+FAMILY = "q8_0_engine_matmul"
+# a plain-C kernel of the ABI for Q8_0: per output, exact int32 block dots scaled in fp32 in
+# block order (batch invariant); MUTATE is spliced into each block's term, PRE before the loops
+KERNEL = r"""
+#include <stdint.h>
+#include <string.h>
+static float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return (float)(*(_Float16 *)&h); }
+void q8_0_engine_matmul(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y,
+                        int64_t n, int64_t k, int64_t batch) {
+    const int64_t nb = k / 32;
+    PRE
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t r = 0; r < n; r++) {
+            float acc = 0.f;
+            for (int64_t j = 0; j < nb; j++) {
+                const uint8_t *blk = w + (r * nb + j) * 34;
+                const int8_t *q = (const int8_t *)(blk + 2);
+                int32_t s = 0;
+                for (int i = 0; i < 32; i++) s += q[i] * xq[b * k + 32 * j + i];
+                acc += (float)s * (h2f(blk) * xd[b * nb + j]) MUTATE;
+            }
+            y[b * n + r] = acc;
+        }
+    POST
+}
+"""
+
+
+def _kernel(mutate: str = "", pre: str = "", post: str = "", audit: bool = True) -> qext.Kernel:
+    from swarmfactory.backends.c import CBackend
+
+    src = KERNEL.replace("MUTATE", mutate).replace("PRE", pre).replace("POST", post)
+    art = CBackend().build(src, FAMILY, ("-O2",))
+    built = BuiltKernel(f"champion:{FAMILY}@0", FAMILY, "0" * 12, art.path, src, "a test", 1e-4, 1e-4)
+    return qext.Kernel(built, QT.Q8_0, FAMILY, audit=audit)
+
+
+@pytest.fixture(scope="module")
+def lib():
+    got = qlinear.loaded()
+    if got.lib is None:
+        pytest.skip(f"no checked qlinear build here: {got.reason}")
+    return got.lib
+
+
+def test_a_correct_kernel_passes_the_check_and_wrong_or_batch_variant_ones_do_not(lib):
+    assert qext.check(lib, _kernel()) is None
+    assert "error" in qext.check(lib, _kernel("* 1.05f"))
+    assert "alone differs" in qext.check(lib, _kernel("* (batch == 1 ? 1.000001f : 1.f)"))
+    # right on every shape the check runs, so only the audit can catch it (below)
+    assert qext.check(lib, _kernel("* (batch == 3 ? 1.05f : 1.f)")) is None
+
+
+def _pair(lib, kernel: qext.Kernel, rows: int = 600, cols: int = 768):
+    part = qlinear.random_part(QT.Q8_0, rows, cols, seed=3)
+    mixed = [part, qlinear.random_part(QT.Q4_K, 40, cols, seed=4)]  # a K-quant part keeps the engine's kernel
+    reports: list = []
+    exts = qext.Exts([kernel], lambda *a: reports.append(a) or "reported")
+    plugged, own = qlinear.Packed(Weight(mixed)), qlinear.Packed(Weight(mixed))
+    assert exts.attach(plugged) == 1
+    return plugged, own, exts, reports
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_kernel_wrong_only_at_one_batch_is_caught_recomputed_and_reported_once(lib, threads):
+    k = _kernel("* (batch == 3 ? 1.05f : 1.f)")
+    plugged, own, exts, reports = _pair(lib, k)
+    gen = torch.Generator().manual_seed(0)
+    for M in (1, 2):
+        x = torch.randn(M, 768, generator=gen)
+        y, want = plugged(lib, x, threads), own(lib, x, threads)
+        assert 0 < (y - want).abs().max().item() < 1e-4 * (1 + want.abs().max().item())  # its own fp32 order
+        assert not k.ext.bad
+    x = torch.randn(3, 768, generator=gen)  # the first call at batch 3 is audited: caught
+    assert torch.equal(plugged(lib, x, threads), own(lib, x, threads))  # the call ran again on the engine's kernel
+    assert k.ext.bad and k.ext.why == 1 and k.ext.batch == 3
+    assert len(reports) == 1 and reports[0][:2] == (FAMILY, "0" * 12)
+    assert "the engine's own kernel gives" in reports[0][3]
+    calls = k.ext.calls
+    x = torch.randn(2, 768, generator=gen)
+    assert torch.equal(plugged(lib, x, threads), own(lib, x, threads))  # dropped for good
+    assert k.ext.calls == calls and exts.poll() == [] and len(reports) == 1
+    state = exts.audit_state()["Q8_0"]
+    assert state["dropped"] == "reported" and state["audited"] >= 3
+
+
+@pytest.mark.parametrize("pre,post,why", [
+    ("", "((int8_t *)xq)[0] ^= 1;", 2),          # writes to its activations (other threads read them)
+    ("", "((float *)xd)[0] *= 2.f;", 2),
+    ("", "y[n * batch] = 0.f;", 3),              # writes past its outputs
+])
+def test_every_call_must_leave_its_inputs_and_the_memory_past_its_outputs(lib, pre, post, why):
+    k = _kernel(pre=pre, post=post)
+    plugged, own, exts, reports = _pair(lib, k)
+    x = torch.randn(5, 768, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(plugged(lib, x, 2), own(lib, x, 2))
+    assert k.ext.bad and k.ext.why == why and len(reports) == 1
+
+
+def test_an_unaudited_kernel_runs_as_it_is(lib):
+    """(what the checks at load judge: the kernel's raw outputs)"""
+    k = _kernel("* (batch == 3 ? 1.05f : 1.f)", audit=False)
+    plugged, own, _, _ = _pair(lib, k)
+    x = torch.randn(3, 768, generator=torch.Generator().manual_seed(2))
+    err = (plugged(lib, x, 1) - own(lib, x, 1)).abs().max().item()
+    assert err > 1e-2 and not k.ext.bad
+
+
+def test_a_k_quant_part_takes_no_external_kernel(lib):
+    """qlinear.c refuses an external kernel on a 256-element part (-1), whatever Python does."""
+    import ctypes
+
+    k = _kernel()
+    p = qlinear.Packed(Weight([qlinear.random_part(QT.Q4_K, 8, 256, seed=1)]))
+    p.parts[0].ext = ctypes.addressof(k.ext)
+    with pytest.raises(ValueError, match="rejected"):
+        p(lib, torch.randn(1, 256), 1)
+
+
+# --- through the engine, the corridor and a real store --------------------------------------------
+
+PROMPTS = ["The quick brown fox", "Once upon a time there", "1 2 3 4 5"]
+ENGINE_OPTS = dict(weights="q4_1", threads=THREADS, max_batch=4, max_seq_len=128, native_decode=4,
+                   native_prefill=16, prefill_chunk=16, dense_above={})
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """A tiny Gemma 3 with every linear weight in Q8_0: the block step computes it (decode.c
+    cannot), so qlinear.c's Q8_0 kernel runs every matmul of its steps."""
+    root = tmp_path_factory.mktemp("native_matmul")
+    return tm.write_gguf(tm.hf_model("gemma3"), "gemma3", root / "tiny-gemma3-q8_0.gguf", QT.Q8_0)
+
+
+def _wrapped(source: str, cond: str) -> str:
+    """The template's kernel, with its outputs 5% too large in calls where ``cond`` holds."""
+    return source.replace(f"void {FAMILY}(", f"static void right_{FAMILY}(") + (
+        f"void {FAMILY}(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y, "
+        "int64_t n, int64_t k, int64_t batch) {\n"
+        f"    right_{FAMILY}(w, xq, xd, xs, y, n, k, batch);\n"
+        f"    if ({cond}) for (int64_t i = 0; i < n * batch; i++) y[i] *= 1.05f;\n}}\n")
+
+
+def _champion(db, problem, source: str) -> str:
+    """``source`` recorded as a candidate that passed the harness here and made champion."""
+    from swarmfactory.agents.base import candidate_record
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.outcome import Outcome, Verdict
+
+    store = Store(str(db))
+    try:
+        store.record_problem(problem)
+        cand = candidate_record(problem, source, agent="test", operator="template")
+        eid = store.record_verdict(problem, cand, Verdict(Outcome.FASTER, "test", "measure", speedup=1.2), None,
+                                   "test")
+        store.set_champion(problem, cand["id"], eid, 1.2, None, "test champion")
+        return cand["id"]
+    finally:
+        store.close()
+
+
+def _engine(path, supply=None, **kw):
+    from swarmfactory.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=str(path), **{**ENGINE_OPTS, **kw}), supply=supply)
+
+
+def _tokens(eng) -> list[list[int]]:
+    return [c.token_ids for c in eng.generate(PROMPTS, max_tokens=8, ignore_eos=True)]
+
+
+def test_the_templates_defaults_run_in_the_block_step_with_the_default_engines_tokens(gemma, tmp_path, lib):
+    from swarmfactory.champions import Corridor
+    from swarmfactory.problems import load_problem
+
+    problem = load_problem(FAMILY)
+    good = _champion(tmp_path / "evidence.db", problem, problem.render())
+    base = _engine(gemma)
+    assert base.paths.native.startswith("blocks-")
+    want = _tokens(base)
+    eng = _engine(gemma, Corridor(str(tmp_path / "evidence.db")), native_matmul=f"champion:{FAMILY}")
+    assert eng.paths.native_matmul["Q8_0"]["candidate"] == good
+    assert f"Q8_0=candidate {good[:12]}" in eng.paths.summary()
+    assert _tokens(eng) == want
+    state = eng.kernel_audit()["native_matmul"]["Q8_0"]
+    assert state["calls"] > 0 and state["audited"] > 0 and state["dropped"] is None
+    # the defaults are the engine's own code: the block step's logits bit for bit
+    ids = torch.tensor([eng.tokenizer.encode(PROMPTS[0])[-1]] * 3)
+    slots, pos = torch.arange(3), torch.tensor([0, 5, 9])
+    assert torch.equal(eng.native(ids, slots, pos), base.native(ids, slots, pos))
+
+
+def test_a_wrong_candidate_is_refused_at_load_and_one_wrong_at_an_unchecked_batch_is_caught_serving(
+        gemma, tmp_path, lib):
+    from swarmfactory.champions import Corridor
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.problems import load_problem
+
+    problem = load_problem(FAMILY)
+    db = tmp_path / "evidence.db"
+    wrong = _champion(db, problem, _wrapped(problem.render(), "1"))
+    with pytest.raises(NativeUnavailable, match=f"{FAMILY} candidate {wrong}.*failed their check"):
+        _engine(gemma, Corridor(str(db)), native_matmul=f"champion:{FAMILY}")
+
+    base = _engine(gemma)
+    want = _tokens(base)
+    bad = _champion(db, problem, _wrapped(problem.render(), "batch == 3"))  # 3 sequences decode together
+    eng = _engine(gemma, Corridor(str(db)), native_matmul=f"champion:{FAMILY}")
+    assert _tokens(eng) == want  # the step that caught it ran again on the engine's own kernel
+    state = eng.kernel_audit()["native_matmul"]["Q8_0"]
+    assert state["dropped"] and f"{FAMILY} kernel {bad} gave a wrong output while serving" in state["dropped"]
+    assert "batch=3" in state["dropped"]
+    store = Store(str(db), create=False)
+    try:
+        assert any(c.found_by == "engine-audit" for c in store.found_cases(FAMILY))
+        champ = store.champion(problem)
+        assert champ is None or champ.candidate_id != bad
+    finally:
+        store.close()
+
+
+def test_a_kernel_for_a_type_the_model_lacks_is_a_load_error(gemma, tmp_path, lib):
+    from swarmfactory.champions import Corridor
+    from swarmfactory.problems import load_problem
+
+    q5 = load_problem("q5_0_engine_matmul")
+    _champion(tmp_path / "evidence.db", q5, q5.render())
+    with pytest.raises(NativeUnavailable, match="no Q5_0 weight of this engine.*would run nowhere"):
+        _engine(gemma, Corridor(str(tmp_path / "evidence.db")), native_matmul="champion:q5_0_engine_matmul")
