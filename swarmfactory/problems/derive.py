@@ -12,7 +12,7 @@ ABI:
 | residual add + RMSNorm (input, pre-FFN, final) | ``add_rmsnorm`` | rows = tokens, cols = hidden |
 | RMSNorm (first layer's input; Gemma's post-attention and post-FFN norms) | ``rmsnorm`` | rows = tokens, cols = hidden |
 | q/k head norm (Qwen3, Gemma 3) | ``rmsnorm`` | rows = tokens x (heads + kv heads), cols = head_dim |
-| linear layers, per GGUF block type of each part (fused q|k|v, o, gate|up, down, the output head) | ``<type>_matmul`` | n = rows of that type, k = in features, batch = tokens |
+| linear layers, per GGUF block type of each part (fused q|k|v, o, gate|up, down, the output head) | ``<type>_engine_matmul`` for the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) where qlinear.c's kernels run the model, else ``<type>_matmul`` | n = rows of that type, k = in features, batch = tokens |
 | SwiGLU / GELU-tanh gate | ``swiglu`` / ``geglu`` | n = tokens x ffn |
 | RoPE of q and k | ``rope`` | tokens, heads + kv heads, head_dim (theta: a case parameter) |
 | decode attention (GQA; a sliding window bounds its KV) | ``attention_decode`` | batch, heads, kv heads, seq, head_dim |
@@ -31,7 +31,11 @@ nominal machine figures (``BANDWIDTH``, ``PEAK``), so a problem's ``workload_wei
 **A derived problem** is its family problem with the model's shapes as the workload (repeated
 shapes merged, weights summed), named ``<family>.<model>`` (``q4_k_matmul.gemma-3-270m-q4_k_m``),
 keeping the family's kernel function (``Problem.symbol``) so a family source runs on every
-model's variant. Its validation cases are the family's (edge, model and stress shapes) plus its
+model's variant. The engine's own kernel is a baseline of every matmul family; for the 32-element
+types the ``<type>_engine_matmul`` families take its numerics too (activations quantised to 8
+bits per block, exact integer block products), so their champions can replace it
+(``EngineConfig.native_matmul``); decode.c's models (plain llama in Q4_1/Q8_0, run on its own
+packed layout) keep the fp32-activation ``<type>_matmul`` families. Its validation cases are the family's (edge, model and stress shapes) plus its
 workload. A shape too large for a float64 reference (an output head of 262144 rows) keeps its
 columns and is cut to ``MAX_ELEMENTS`` in rows; its weight stays the real call's.
 ``register`` writes a model's derived problems to the derived registry (``derived/<model>.json``
@@ -173,7 +177,8 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.models.decoder import head_weight, op_weights
     from swarmfactory.engine.native_ops import ACTIVATIONS  # the engine's activation -> its problem
-    from swarmfactory.engine.config import NATIVE_FAMILIES
+    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, NATIVE_FAMILIES
+    from swarmfactory.engine.native import unsupported as decode_c_unsupported
 
     # GGUF block types with a family problem (``<type>_matmul``); dense types run on torch's sgemm
     matmul_families = {qtype: problem for problem, qtype in NATIVE_FAMILIES.items()}
@@ -188,6 +193,10 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
         raise DeriveError(f"{path.name}: {e}") from None
     hp = gg.hparams
     cls, view = _view(hp)
+    if decode_c_unsupported(gg, cls.native_decoder) is not None:
+        # qlinear.c's kernels run the model (the block step, qnative ops): the 32-element types'
+        # problems with its numerics (8-bit activations), whose champions replace its kernel
+        matmul_families.update({qtype: problem for problem, qtype in ENGINE_MATMUL_FAMILIES.items()})
     name = slug(model or path.stem)
     H, KV, D, L = hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.n_layers
     problems: dict[str, DerivedProblem] = {}

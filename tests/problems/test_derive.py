@@ -51,8 +51,11 @@ def test_the_ops_and_shapes_are_the_engines(tmp_path_factory, arch):
     d = derive(_model(tmp_path_factory, arch), SCENARIO)
     fam = _by_family(d)
     assert d.architecture == arch and d.model == f"tiny-{arch}-q8_0"
-    # every linear layer is Q8_0: q|k|v, o, gate|up and down, at the prefill chunk and each concurrency
-    mm = fam["q8_0_matmul"]
+    # every linear layer is Q8_0: q|k|v, o, gate|up and down, at the prefill chunk and each concurrency;
+    # qlinear.c's kernels run them (decode.c does not compute these tiny models), so the problem
+    # is the one with their numerics (8-bit activations), whose champion can replace them
+    mm = fam["q8_0_engine_matmul"]
+    assert "q8_0_matmul" not in fam
     for tokens in (32, 1, 4):
         for n, k in (((H + 2 * KV) * D, hidden), (hidden, H * D), (2 * ffn, hidden), (hidden, ffn)):
             assert {"n": n, "k": k, "batch": tokens} in mm.shapes, (n, k, tokens)
@@ -95,15 +98,25 @@ def test_each_block_type_of_a_mixed_file_is_its_own_problem_and_dense_weights_ar
     assert any(u["op"] == "q|k|v" and "F32" in u["why"] for u in f32.uncovered)
 
 
+def test_a_model_decode_c_computes_keeps_the_fp32_activation_families():
+    """SmolLM2 in Q4_1 (its output head Q8_0) runs on decode.c's own packed kernels, not qlinear.c's,
+    so its matmuls are the fp32-activation families (and q4_1_packed_matvec its hot loop's)."""
+    from swarmfactory.engine.gguf_loader import resolve_model_path
+
+    fam = _by_family(derive(resolve_model_path(None), SCENARIO))
+    assert {"q4_1_matmul", "q8_0_matmul"} <= set(fam)
+    assert not any(f.endswith("_engine_matmul") for f in fam)
+
+
 def test_a_derived_problem_is_its_family_with_the_models_workload(tmp_path_factory):
     d = derive(_model(tmp_path_factory, "llama"), SCENARIO)
     register(d)
-    name = "q8_0_matmul.tiny-llama-q8_0"
+    name = "q8_0_engine_matmul.tiny-llama-q8_0"
     p = load_problem(name)
-    fam = load_problem("q8_0_matmul")
-    assert p.name == name and p.entry == "q8_0_matmul" and p.c_signature == fam.c_signature
+    fam = load_problem("q8_0_engine_matmul")
+    assert p.name == name and p.entry == "q8_0_engine_matmul" and p.c_signature == fam.c_signature
     assert p.spec_hash() != fam.spec_hash()
-    assert [dict(s) for s in p.workload] == _by_family(d)["q8_0_matmul"].shapes
+    assert [dict(s) for s in p.workload] == _by_family(d)["q8_0_engine_matmul"].shapes
     assert len(p.workload_weights) == len(p.workload)
     assert "derived from tiny-llama-q8_0" in p.note
     # a worker rebuilds it from its source line alone, with nothing registered
