@@ -342,3 +342,30 @@ def test_rendered_sources_pass_the_c_backends_checks():
     p = problem(QT.Q5_1)
     for knobs in ({}, {"vec": "512", "mt": 16, "dot": "madd16"}):
         assert CBackend().build(p.render(knobs), p.name, prototype=p.c_prototype, checks=True).path
+
+
+@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q8_0, QT.Q4_1], ids=lambda t: t.name)
+def test_every_dot_computes_the_stated_function_of_inputs_the_timing_run_mixes(qt, compiler, kernel_call):
+    """The harness's timing runs replace input units from other draws (xq blocks, xd and xs
+    values each on their own), so xs need not equal xd * sum(xq) there, and a NaN xs may sit
+    beside a finite xd: a kernel must compute the stated function with xs as given (Q8_0 never
+    reads it). The engine's portable code once took Q4_0/Q5_0's offset from xq and added 0 * xs
+    for Q8_0: the harness judged its timing outputs wrong ("cheated")."""
+    from swarmfactory.harness.verify import compare
+
+    p = problem(qt)
+    settings = [{}, {"dot": "portable"}, {"dot": "madd16", "scales": "per_block"}]
+    sources = [p.render(s) for s in settings]
+    compiler.build_many(sources)
+    rng = np.random.default_rng(5)
+    inputs = inputs_for(p, 37, 352, 9, seed=3)
+    inputs["xs"] = (rng.standard_normal(inputs["xs"].shape) * 4).astype(np.float32)  # unrelated to xq
+    inputs["xs"][2, 3] = np.nan
+    inputs["xd"][4, 1] = np.nan  # a NaN scale with a finite xs: row 4 is NaN
+    want = p.reference(to_torch(inputs))["y"].numpy()
+    assert np.isnan(want[4]).all() and np.isnan(want[2]).all() == (qt != QT.Q8_0)
+    lib = engine_lib()
+    for knobs, src in zip(settings, sources):
+        got = kernel_call(p, compiler.load(p, src), inputs, {"n": 37, "k": 352, "batch": 9})
+        assert compare(p, {"y": want}, got, f"{qt.name} {knobs}") is None, knobs
+    assert compare(p, {"y": want}, {"y": engine_call(lib, qt, inputs)}, "engine") is None

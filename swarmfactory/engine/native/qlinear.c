@@ -239,8 +239,11 @@ static void quantize_row(const float *x, int64_t K, int64_t m, Act32 *a32, Act25
 /* portable kernels: one (row, activation row) at a time, plain C                            */
 
 #if !SF_SIMD
-/* block -> 32 quants (signed: w = d * q for Q4_0, Q5_0, Q8_0; 0..31 and w = d * q + m for
- * Q4_1, Q5_1), returns d; *m = m or 0 */
+/* block -> 32 quants as the SIMD code takes them (Q8_0: the signed quants, w = d * q; the others
+ * unsigned, 0..15 or 0..31, w = d * u + m with m the stored min of Q4_1, Q5_1 and -8 d, -16 d for
+ * Q4_0, Q5_0), returns d; *m = m (0 for Q8_0). So every path computes the same function of
+ * (xq, xd, xs): sum_j d dx dot + m s, s taken as given (the kernel factory's
+ * <type>_engine_matmul problems, whose timing runs mix inputs of several draws). */
 static float unpack32(int64_t t, const uint8_t *b, int8_t q[32], float *m) {
     *m = 0.f;
     if (t == Q8_0) {
@@ -251,13 +254,13 @@ static float unpack32(int64_t t, const uint8_t *b, int8_t q[32], float *m) {
     const uint8_t *qs = b + 2 + 2 * has_m + 4 * five;
     uint32_t qh = 0;
     if (five) memcpy(&qh, b + 2 + 2 * has_m, 4);
-    const int off = has_m ? 0 : (five ? 16 : 8);
     for (int i = 0; i < 16; i++) {
-        q[i] = (int8_t)(((qs[i] & 0x0F) | (((qh >> i) & 1) << 4)) - off);
-        q[i + 16] = (int8_t)(((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - off);
+        q[i] = (int8_t)((qs[i] & 0x0F) | (((qh >> i) & 1) << 4));
+        q[i + 16] = (int8_t)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
     }
-    if (has_m) *m = fp16(b + 2);
-    return fp16(b);
+    const float d = fp16(b);
+    *m = has_m ? fp16(b + 2) : (five ? -16.f : -8.f) * d;
+    return d;
 }
 
 static float dot32(int64_t t, const uint8_t *w, int64_t K, const Act32 *a, int64_t m) {
@@ -271,7 +274,7 @@ static float dot32(int64_t t, const uint8_t *w, int64_t K, const Act32 *a, int64
         int32_t s = 0;
         for (int i = 0; i < 32; i++) s += q[i] * xq[32 * j + i];
         acc += (float)s * (dw * a->d[m * nb + j]);
-        accm += mw * a->s[m * nb + j];
+        if (t != Q8_0) accm += mw * a->s[m * nb + j]; /* Q8_0 has no min term: s is not read */
     }
     return acc + accm;
 }
