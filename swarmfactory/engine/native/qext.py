@@ -12,12 +12,14 @@ its type: in ``qnative`` ops and in the block step (``qstep.c``), wherever qline
 from a model; ``@ID`` pins a candidate) names one type's kernel; several types' are joined with
 ``+``. The corridor (``champions.py``, handed in as the engine's ``KernelSupply``) builds the
 candidate as the harness built it. qlinear.c calls it through a pointer in each part (``QExt``),
-in pieces of at most 256 weight rows, each call on a private copy of the activations. Before the
+in pieces of at most 256 weight rows, each thread's run of calls on its private copy of the
+activations. Before the
 engine uses it: qlinear's probe cases of its type with the kernel against the fp64 emulation of
 the numerics, and a batch-invariance check (each row alone and in a batch of 19, on 1 and 3
 threads, rows split across calls), on the kernel's raw outputs. While it serves, every call's
-inputs and guard floats are checked, and the first call at each batch size and 1 in
-``AUDIT_SHARE`` of the others have one random row recomputed by the engine's own kernel; at the
+guard floats and each thread's private activations after its run of calls are checked, and the
+first call at each batch size and 1 in ``AUDIT_SHARE`` of the others have one random row
+recomputed by the engine's own kernel; at the
 first fault the kernel is dropped for good, the call (or the whole block step) runs again on the
 engine's kernels and the supply is told once (``engine/audit.py``).
 """
@@ -37,9 +39,12 @@ from ..supply import BuiltKernel, KernelSupply, NoSupply, UnavailableKernel
 from .library import Ext, NativeUnavailable
 from .qlinear import PROBE_TOLERANCE, Packed, Reference, random_part
 
-# The audit checks the first call at each batch size and 1 in AUDIT_SHARE of the others (as the
-# decoder's matvec; each call is up to 256 weight rows, the audit one row of it).
-AUDIT_SHARE = 4
+# The audit checks the first call at each batch size and 1 in AUDIT_SHARE of the others: each call
+# is up to 256 weight rows (a Gemma 3 decode step makes ~1,400), the audit one row of it. 1 in 4
+# (the decoder's matvec's share) cost 5% of a step of 16 or 64 sequences with the private copy
+# per call (benchmarks: docs/engine.md); a kernel wrong at some shape is still caught in the
+# first step that calls it there, with near certainty.
+AUDIT_SHARE = 16
 
 
 def signature(family: str) -> str:

@@ -78,9 +78,10 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
 /* An external kernel for the parts of one 32-element type: a kernel of the kernel factory's
  * <type>_engine_matmul problem (a separate shared object, found by pointer), with the ABI and
  * numerics of sf_qlinear_q32 below, and its audit. The same layout as decode.c's Ext (Python:
- * library.Ext). Every call of it gets a private copy of the activations (so it cannot change what
- * another thread's call reads) and guard floats after its outputs; a call whose copy changed or
- * whose guard was written, and an audited output outside the tolerance, drop the kernel for good
+ * library.Ext). Its calls on a thread's run of rows read that thread's private copy of the
+ * activations (so they cannot change what another thread's calls read), compared with the
+ * original after the run, and every call has guard floats after its outputs; a changed copy, a
+ * written guard and an audited output outside the tolerance drop the kernel for good
  * (bad = 1): from then on rows_dot runs, the call that found it is recomputed there, and
  * sf_qlinear and sf_qstep run their whole call again (returning 1). Audited: the first call at
  * each batch size and 1 in `share` of the others, one random row of the call for every batch
@@ -700,16 +701,31 @@ static QxSlot qx_slot(float *base, int64_t M, int64_t K) {
     return s;
 }
 
+/* The activations into this thread's private copy, for the external kernel's calls on a run of
+ * rows (qx_end checks the copy after them). */
+static void qx_begin(QxSlot *S, const Act32 *a, int64_t M, int64_t K) {
+    memcpy(S->mine.q, a->q, (size_t)(M * K));
+    memcpy(S->mine.d, a->d, sizeof(float) * (size_t)(M * (K / 32)));
+    memcpy(S->mine.s, a->s, sizeof(float) * (size_t)(M * (K / 32)));
+}
+
+/* After a run of rows: the private copy must be as qx_begin made it, or a call changed its
+ * inputs (then a later call of the run, or its audit, read changed ones): a fault. */
+static void qx_end(QExt *e, const QxSlot *S, const Act32 *a, int64_t M, int64_t K) {
+    if (!e->audit || __atomic_load_n(&e->bad, __ATOMIC_RELAXED)) return;
+    const int64_t nb = K / 32;
+    if (memcmp(S->mine.q, a->q, (size_t)(M * K)) || memcmp(S->mine.d, a->d, sizeof(float) * (size_t)(M * nb)) ||
+        memcmp(S->mine.s, a->s, sizeof(float) * (size_t)(M * nb)))
+        qx_fail(e, 2, 0, K, M, 0, 0, 0.f, 0.f, 0.f);
+}
+
 /* Rows [0, R) (R <= EXT_ROWS) of a part of P's type at w into S->out[m * R + r], on P's external
- * kernel, checked and audited as QExt says; on a fault (this call's or, meanwhile, another's)
- * the rows come from rows_dot. */
+ * kernel (reading S's private activations, qx_begin), checked and audited as QExt says; on a
+ * fault (this call's or, meanwhile, another's) the rows come from rows_dot. */
 static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, const Act32 *a, int64_t M, QxSlot *S) {
     QExt *e = P->ext;
     const int64_t t = P->type, nb = K / 32;
     if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) {
-        memcpy(S->mine.q, a->q, (size_t)(M * K));
-        memcpy(S->mine.d, a->d, sizeof(float) * (size_t)(M * nb));
-        memcpy(S->mine.s, a->s, sizeof(float) * (size_t)(M * nb));
         union { uint32_t u; float f; } sentinel = {(uint32_t)qx_mix(e->seed) | 0x7fc00001u}; /* a NaN */
         for (int i = 0; i < EXT_GUARD; i++) S->out[M * R + i] = sentinel.f;
         e->fn(w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
@@ -721,10 +737,7 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
                 memcpy(&u, S->out + M * R + i, 4);
                 past |= u != sentinel.u;
             }
-            const int changed = memcmp(S->mine.q, a->q, (size_t)(M * K)) ||
-                                memcmp(S->mine.d, a->d, sizeof(float) * (size_t)(M * nb)) ||
-                                memcmp(S->mine.s, a->s, sizeof(float) * (size_t)(M * nb));
-            if (changed || past) qx_fail(e, changed ? 2 : 3, R, K, M, 0, 0, 0.f, 0.f, 0.f);
+            if (past) qx_fail(e, 3, R, K, M, 0, 0, 0.f, 0.f, 0.f);
             const uint64_t draw = qx_mix(e->seed + call * 0x9e3779b97f4a7c15ULL);
             int check = e->share <= 1;
             if (!check && M < 1024) {
@@ -732,7 +745,7 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
                 check = !(__atomic_fetch_or(&e->seen[M >> 6], bit, __ATOMIC_RELAXED) & bit);
             }
             check = check || (draw >> 32) % (uint64_t)e->share == 0;
-            if (check && !changed && !past) {
+            if (check && !past) {
                 __atomic_fetch_add(&e->audited, 1, __ATOMIC_RELAXED);
                 const int64_t r = (int64_t)((draw & 0xffffffffULL) % (uint64_t)R);
                 const int64_t bs = block_bytes(t), rb = nb * bs;
@@ -828,6 +841,7 @@ static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xs
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
         if (xscratch && qx_active(P)) {
             QxSlot S = qx_slot(xscratch, J->M, J->K);
+            if (lo < hi) qx_begin(&S, J->a32, J->M, J->K);
             for (int64_t n = lo; n < hi; n += EXT_ROWS) {
                 const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
                 ext_rows(P, P->data + (n - base) * P->row_bytes, R, J->K, J->a32, J->M, &S);
@@ -838,6 +852,7 @@ static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xs
                         else ((float *)J->y)[m * J->N + n + r] = v;
                     }
             }
+            if (lo < hi) qx_end(P->ext, &S, J->a32, J->M, J->K);
             base += P->rows;
             continue;
         }

@@ -90,6 +90,7 @@ static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
         if (Q->xtmp && qx_active(P)) { /* the factory's kernel for this part's type (QExt) */
             QxSlot S = qx_slot(Q->xtmp + (int64_t)t * qx_scratch(Q->max_b, Q->kmax), M, W->cols);
+            if (lo < hi) qx_begin(&S, &Q->a32, M, W->cols);
             for (int64_t n = lo; n < hi; n += EXT_ROWS) {
                 const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
                 ext_rows(P, P->data + (n - base) * P->row_bytes, R, W->cols, &Q->a32, M, &S);
@@ -97,6 +98,7 @@ static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_
                     for (int64_t r = 0; r < R; r++)
                         y[m * ldy + n + r] = S.out[m * R + r] + (W->bias ? W->bias[n + r] : 0.f);
             }
+            if (lo < hi) qx_end(P->ext, &S, &Q->a32, M, W->cols);
             base += P->rows;
             continue;
         }
