@@ -344,7 +344,7 @@ def test_rendered_sources_pass_the_c_backends_checks():
         assert CBackend().build(p.render(knobs), p.name, prototype=p.c_prototype, checks=True).path
 
 
-@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q8_0, QT.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_every_dot_computes_the_stated_function_of_inputs_the_timing_run_mixes(qt, compiler, kernel_call):
     """The harness's timing runs replace input units from other draws (xq blocks, xd and xs
     values each on their own), so xs need not equal xd * sum(xq) there, and a NaN xs may sit
@@ -354,8 +354,9 @@ def test_every_dot_computes_the_stated_function_of_inputs_the_timing_run_mixes(q
     from swarmfactory.harness.verify import compare
 
     p = problem(qt)
-    settings = [{}, {"dot": "portable"}, {"dot": "madd16", "scales": "per_block"}]
-    sources = [p.render(s) for s in settings]
+    settings = [(s, "") for s in [{}, {"dot": "portable"}, {"dot": "madd16", "scales": "per_block"}, *SAMPLES[qt]]]
+    settings += [(s, EMULATE) for s in SAMPLES[qt] if wide(s)]
+    sources = [pre + p.render(s) for s, pre in settings]
     compiler.build_many(sources)
     rng = np.random.default_rng(5)
     inputs = inputs_for(p, 37, 352, 9, seed=3)
@@ -365,7 +366,7 @@ def test_every_dot_computes_the_stated_function_of_inputs_the_timing_run_mixes(q
     want = p.reference(to_torch(inputs))["y"].numpy()
     assert np.isnan(want[4]).all() and np.isnan(want[2]).all() == (qt != QT.Q8_0)
     lib = engine_lib()
-    for knobs, src in zip(settings, sources):
+    for (knobs, pre), src in zip(settings, sources):
         got = kernel_call(p, compiler.load(p, src), inputs, {"n": 37, "k": 352, "batch": 9})
-        assert compare(p, {"y": want}, got, f"{qt.name} {knobs}") is None, knobs
+        assert compare(p, {"y": want}, got, f"{qt.name} {knobs}") is None, (knobs, pre)
     assert compare(p, {"y": want}, {"y": engine_call(lib, qt, inputs)}, "engine") is None
