@@ -63,12 +63,14 @@ def element_family(op: str, problem: str) -> str | None:
     """The problem family of ``problem`` (itself, or of FAMILY.MODEL) if it can run ``op``."""
     family = problem.partition(".")[0]
     return family if family in ELEMENT_OPS.get(op, ()) else None
-# The kernel factory's problems with the engine's own numerics for the 32-element block types
-# (8-bit activations; problems/suites/cpu/qengine.py), whose kernels run inside qlinear.c's
-# kernels for weight parts of that type (native_matmul, engine/native/qext.py): problem -> type.
+# The kernel factory's problems with the engine's own numerics for its block types (8-bit
+# activations per block of 32, or of 256 with sums per 16 for the K-quants; problems/suites/cpu/
+# qengine.py), whose kernels run inside qlinear.c's kernels for weight parts of that type
+# (native_matmul, engine/native/qext.py): problem -> type.
 ENGINE_MATMUL_FAMILIES = {"q4_0_engine_matmul": "Q4_0", "q4_1_engine_matmul": "Q4_1",
                           "q5_0_engine_matmul": "Q5_0", "q5_1_engine_matmul": "Q5_1",
-                          "q8_0_engine_matmul": "Q8_0"}
+                          "q8_0_engine_matmul": "Q8_0", "q4_k_engine_matmul": "Q4_K",
+                          "q5_k_engine_matmul": "Q5_K", "q6_k_engine_matmul": "Q6_K"}
 
 
 def parse_native_matmul(spec: str) -> list[KernelRef]:
@@ -193,8 +195,8 @@ class EngineConfig(BaseModel):
       which needs a correct evaluation on this hardware (``engine/native/matvec.py``). Compiled
       into the decoder and checked before use; an error if it fails, never a silent fallback.
       Needs the native decoder.
-    - ``native_matmul``: what runs the weight parts of the 32-element block types (Q4_0, Q4_1,
-      Q5_0, Q5_1, Q8_0) in the engine's block kernels (``qnative`` ops and the native block
+    - ``native_matmul``: what runs the weight parts of a block type (Q4_0, Q4_1, Q5_0, Q5_1,
+      Q8_0, Q4_K, Q5_K, Q6_K) in the engine's block kernels (``qnative`` ops and the native block
       step). ``None``: the engine's own; ``champion:q8_0_engine_matmul`` (``.MODEL`` for the
       problem derived from a model, ``@ID`` to pin a candidate), several types' joined with
       ``+``: the kernel factory's champion of that problem with the engine's numerics, checked at

@@ -12,7 +12,7 @@ ABI:
 | residual add + RMSNorm (input, pre-FFN, final) | ``add_rmsnorm`` | rows = tokens, cols = hidden |
 | RMSNorm (first layer's input; Gemma's post-attention and post-FFN norms) | ``rmsnorm`` | rows = tokens, cols = hidden |
 | q/k head norm (Qwen3, Gemma 3) | ``rmsnorm`` | rows = tokens x (heads + kv heads), cols = head_dim |
-| linear layers, per GGUF block type of each part (fused q|k|v, o, gate|up, down, the output head) | ``<type>_engine_matmul`` for the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) where qlinear.c's kernels run the model, else ``<type>_matmul`` | n = rows of that type, k = in features, batch = tokens |
+| linear layers, per GGUF block type of each part (fused q|k|v, o, gate|up, down, the output head) | ``<type>_engine_matmul`` where qlinear.c's kernels run the model, else ``<type>_matmul`` | n = rows of that type, k = in features, batch = tokens |
 | SwiGLU / GELU-tanh gate | ``swiglu`` / ``geglu`` | n = tokens x ffn |
 | RoPE of q and k | ``rope`` | tokens, heads + kv heads, head_dim (theta: a case parameter) |
 | decode attention (GQA; a sliding window bounds its KV) | ``attention_decode`` | batch, heads, kv heads, seq, head_dim |
@@ -31,11 +31,13 @@ nominal machine figures (``BANDWIDTH``, ``PEAK``), so a problem's ``workload_wei
 **A derived problem** is its family problem with the model's shapes as the workload (repeated
 shapes merged, weights summed), named ``<family>.<model>`` (``q4_k_matmul.gemma-3-270m-q4_k_m``),
 keeping the family's kernel function (``Problem.symbol``) so a family source runs on every
-model's variant. The engine's own kernel is a baseline of every matmul family; for the 32-element
-types the ``<type>_engine_matmul`` families take its numerics too (activations quantised to 8
-bits per block, exact integer block products), so their champions can replace it
-(``EngineConfig.native_matmul``); decode.c's models (plain llama in Q4_1/Q8_0, run on its own
-packed layout) keep the fp32-activation ``<type>_matmul`` families. Its validation cases are the family's (edge, model and stress shapes) plus its
+model's variant. The engine's own kernel is a baseline of every matmul family; the
+``<type>_engine_matmul`` families take its numerics too (activations quantised to 8 bits per
+block of 32, or of 256 with sums per 16 for the K-quants; exact integer block products), so their
+champions can replace it (``EngineConfig.native_matmul``); decode.c's models (plain llama in
+Q4_1/Q8_0, run on its own packed layout) keep the fp32-activation ``<type>_matmul`` families. A
+derived ``<type>_matmul.MODEL`` whose engine-numerics twin was derived loads with the twin's
+shapes and weights (the engine's per-op seam takes fp32-activation kernels). Its validation cases are the family's (edge, model and stress shapes) plus its
 workload. A shape too large for a float64 reference (an output head of 262144 rows) keeps its
 columns and is cut to ``MAX_ELEMENTS`` in rows; its weight stays the real call's.
 ``register`` writes a model's derived problems to the derived registry (``derived/<model>.json``
@@ -194,8 +196,8 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     hp = gg.hparams
     cls, view = _view(hp)
     if decode_c_unsupported(gg, cls.native_decoder) is not None:
-        # qlinear.c's kernels run the model (the block step, qnative ops): the 32-element types'
-        # problems with its numerics (8-bit activations), whose champions replace its kernel
+        # qlinear.c's kernels run the model (the block step, qnative ops): the problems with its
+        # numerics (8-bit activations), whose champions replace its kernel
         matmul_families.update({qtype: problem for problem, qtype in ENGINE_MATMUL_FAMILIES.items()})
     name = slug(model or path.stem)
     H, KV, D, L = hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.n_layers
@@ -366,7 +368,16 @@ def registered(name: str) -> dict | None:
         data = json.loads(f.read_text())
     except (OSError, ValueError):
         return None
-    return next((p for p in data.get("problems", []) if p.get("family") == family), None)
+    problems = data.get("problems", [])
+    spec = next((p for p in problems if p.get("family") == family), None)
+    if spec is None and family.endswith("_matmul") and not family.endswith("_engine_matmul"):
+        # the fp32-activation family of a type whose engine-numerics problem was derived (the
+        # engine's per-op seam takes its kernels): the same shapes and weights
+        sibling = family[:-len("_matmul")] + "_engine_matmul"
+        twin = next((p for p in problems if p.get("family") == sibling), None)
+        if twin is not None:
+            spec = {**twin, "family": family, "name": f"{family}.{model}"}
+    return spec
 
 
 def registered_models() -> dict[str, list[str]]:

@@ -40,8 +40,8 @@ Shape = Mapping[str, int]
 
 MODEL_CASES_PER_DRAW = 1  # full-size model shapes added to each evaluation (Problem.model_cases)
 
-NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int64": np.int64}
-C_TYPES = {"float32": "float", "uint8": "uint8_t", "int8": "int8_t", "int64": "int64_t"}
+NP_DTYPES = {"float32": np.float32, "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int64": np.int64}
+C_TYPES = {"float32": "float", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int64": "int64_t"}
 GPU_BACKENDS = ("triton", "cuda", "ptx")  # one ABI: Problem.backends
 
 

@@ -7,7 +7,8 @@ at one batch size, one that writes to its inputs, one that writes past its outpu
 re-run on the engine's own kernel. The last ones serve a tiny Gemma 3 through a real SQLite store
 holding the problem's candidates: the template's defaults (the engine's own code) give the
 default engine's logits bit for bit in the block step, a wrong candidate is refused at load, and
-one wrong only at an unchecked batch is caught while serving, recomputed and reported.
+one wrong only at an unchecked batch is caught while serving, recomputed and reported; the same
+for a tiny Qwen3 in Q4_K (a K-quant's kernel, activations per 256 with their sums per 16).
 """
 
 from __future__ import annotations
@@ -132,17 +133,6 @@ def test_an_unaudited_kernel_runs_as_it_is(lib):
     assert err > 1e-2 and not k.ext.bad
 
 
-def test_a_k_quant_part_takes_no_external_kernel(lib):
-    """qlinear.c refuses an external kernel on a 256-element part (-1), whatever Python does."""
-    import ctypes
-
-    k = _kernel()
-    p = qlinear.Packed(Weight([qlinear.random_part(QT.Q4_K, 8, 256, seed=1)]))
-    p.parts[0].ext = ctypes.addressof(k.ext)
-    with pytest.raises(ValueError, match="rejected"):
-        p(lib, torch.randn(1, 256), 1)
-
-
 # --- through the engine, the corridor and a real store --------------------------------------------
 
 PROMPTS = ["The quick brown fox", "Once upon a time there", "1 2 3 4 5"]
@@ -150,20 +140,27 @@ ENGINE_OPTS = dict(weights="q4_1", threads=THREADS, max_batch=4, max_seq_len=128
                    native_prefill=16, prefill_chunk=16, dense_above={})
 
 
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
-    """A tiny Gemma 3 with every linear weight in Q8_0: the block step computes it (decode.c
-    cannot), so qlinear.c's Q8_0 kernel runs every matmul of its steps."""
+# (architecture, weight type, the problem whose kernel runs them): a tiny Gemma 3 in Q8_0 and a
+# tiny Qwen3 in Q4_K (rows of 256, so its weights are super-blocks): the block step computes both
+# (decode.c cannot), so qlinear.c's kernel of that type runs every matmul of their steps
+MODELS = {"gemma3-q8_0": ("gemma3", QT.Q8_0, FAMILY, {}),
+          "qwen3-q4_k": ("qwen3", QT.Q4_K, "q4_k_engine_matmul", dict(hidden_size=256, intermediate_size=512))}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request, tmp_path_factory):
+    arch, qtype, family, overrides = MODELS[request.param]
     root = tmp_path_factory.mktemp("native_matmul")
-    return tm.write_gguf(tm.hf_model("gemma3"), "gemma3", root / "tiny-gemma3-q8_0.gguf", QT.Q8_0)
+    path = tm.write_gguf(tm.hf_model(arch, **overrides), arch, root / f"tiny-{request.param}.gguf", qtype)
+    return path, qtype, family
 
 
-def _wrapped(source: str, cond: str) -> str:
+def _wrapped(source: str, family: str, cond: str) -> str:
     """The template's kernel, with its outputs 5% too large in calls where ``cond`` holds."""
-    return source.replace(f"void {FAMILY}(", f"static void right_{FAMILY}(") + (
-        f"void {FAMILY}(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y, "
-        "int64_t n, int64_t k, int64_t batch) {\n"
-        f"    right_{FAMILY}(w, xq, xd, xs, y, n, k, batch);\n"
+    decl = qext.signature(family)
+    args = ", ".join(a.split()[-1].lstrip("*") for a in decl[decl.index("(") + 1:-1].split(","))
+    return source.replace(f"void {family}(", f"static void right_{family}(") + (
+        f"{decl} {{\n    right_{family}({args});\n"
         f"    if ({cond}) for (int64_t i = 0; i < n * batch; i++) y[i] *= 1.05f;\n}}\n")
 
 
@@ -195,20 +192,21 @@ def _tokens(eng) -> list[list[int]]:
     return [c.token_ids for c in eng.generate(PROMPTS, max_tokens=8, ignore_eos=True)]
 
 
-def test_the_templates_defaults_run_in_the_block_step_with_the_default_engines_tokens(gemma, tmp_path, lib):
+def test_the_templates_defaults_run_in_the_block_step_with_the_default_engines_tokens(model, tmp_path, lib):
     from swarmfactory.champions import Corridor
     from swarmfactory.problems import load_problem
 
-    problem = load_problem(FAMILY)
+    path, qtype, family = model
+    problem = load_problem(family)
     good = _champion(tmp_path / "evidence.db", problem, problem.render())
-    base = _engine(gemma)
+    base = _engine(path)
     assert base.paths.native.startswith("blocks-")
     want = _tokens(base)
-    eng = _engine(gemma, Corridor(str(tmp_path / "evidence.db")), native_matmul=f"champion:{FAMILY}")
-    assert eng.paths.native_matmul["Q8_0"]["candidate"] == good
-    assert f"Q8_0=candidate {good[:12]}" in eng.paths.summary()
+    eng = _engine(path, Corridor(str(tmp_path / "evidence.db")), native_matmul=f"champion:{family}")
+    assert eng.paths.native_matmul[qtype.name]["candidate"] == good
+    assert f"{qtype.name}=candidate {good[:12]}" in eng.paths.summary()
     assert _tokens(eng) == want
-    state = eng.kernel_audit()["native_matmul"]["Q8_0"]
+    state = eng.kernel_audit()["native_matmul"][qtype.name]
     assert state["calls"] > 0 and state["audited"] > 0 and state["dropped"] is None
     # the defaults are the engine's own code: the block step's logits bit for bit
     ids = torch.tensor([eng.tokenizer.encode(PROMPTS[0])[-1]] * 3)
@@ -217,39 +215,41 @@ def test_the_templates_defaults_run_in_the_block_step_with_the_default_engines_t
 
 
 def test_a_wrong_candidate_is_refused_at_load_and_one_wrong_at_an_unchecked_batch_is_caught_serving(
-        gemma, tmp_path, lib):
+        model, tmp_path, lib):
     from swarmfactory.champions import Corridor
     from swarmfactory.evidence.store import Store
     from swarmfactory.problems import load_problem
 
-    problem = load_problem(FAMILY)
+    path, qtype, family = model
+    problem = load_problem(family)
     db = tmp_path / "evidence.db"
-    wrong = _champion(db, problem, _wrapped(problem.render(), "1"))
-    with pytest.raises(NativeUnavailable, match=f"{FAMILY} candidate {wrong}.*failed their check"):
-        _engine(gemma, Corridor(str(db)), native_matmul=f"champion:{FAMILY}")
+    wrong = _champion(db, problem, _wrapped(problem.render(), family, "1"))
+    with pytest.raises(NativeUnavailable, match=f"{family} candidate {wrong}.*failed their check"):
+        _engine(path, Corridor(str(db)), native_matmul=f"champion:{family}")
 
-    base = _engine(gemma)
+    base = _engine(path)
     want = _tokens(base)
-    bad = _champion(db, problem, _wrapped(problem.render(), "batch == 3"))  # 3 sequences decode together
-    eng = _engine(gemma, Corridor(str(db)), native_matmul=f"champion:{FAMILY}")
+    bad = _champion(db, problem, _wrapped(problem.render(), family, "batch == 3"))  # 3 sequences decode together
+    eng = _engine(path, Corridor(str(db)), native_matmul=f"champion:{family}")
     assert _tokens(eng) == want  # the step that caught it ran again on the engine's own kernel
-    state = eng.kernel_audit()["native_matmul"]["Q8_0"]
-    assert state["dropped"] and f"{FAMILY} kernel {bad} gave a wrong output while serving" in state["dropped"]
+    state = eng.kernel_audit()["native_matmul"][qtype.name]
+    assert state["dropped"] and f"{family} kernel {bad} gave a wrong output while serving" in state["dropped"]
     assert "batch=3" in state["dropped"]
     store = Store(str(db), create=False)
     try:
-        assert any(c.found_by == "engine-audit" for c in store.found_cases(FAMILY))
+        assert any(c.found_by == "engine-audit" for c in store.found_cases(family))
         champ = store.champion(problem)
         assert champ is None or champ.candidate_id != bad
     finally:
         store.close()
 
 
-def test_a_kernel_for_a_type_the_model_lacks_is_a_load_error(gemma, tmp_path, lib):
+def test_a_kernel_for_a_type_the_model_lacks_is_a_load_error(model, tmp_path, lib):
     from swarmfactory.champions import Corridor
     from swarmfactory.problems import load_problem
 
-    q5 = load_problem("q5_0_engine_matmul")
+    path, qtype, family = model
+    q5 = load_problem("q5_1_engine_matmul")  # (the tiny models' norms and embeddings stay F32)
     _champion(tmp_path / "evidence.db", q5, q5.render())
-    with pytest.raises(NativeUnavailable, match="no Q5_0 weight of this engine.*would run nowhere"):
-        _engine(gemma, Corridor(str(tmp_path / "evidence.db")), native_matmul="champion:q5_0_engine_matmul")
+    with pytest.raises(NativeUnavailable, match="no Q5_1 weight of this engine.*would run nowhere"):
+        _engine(path, Corridor(str(tmp_path / "evidence.db")), native_matmul="champion:q5_1_engine_matmul")

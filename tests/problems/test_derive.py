@@ -92,7 +92,12 @@ def test_the_ops_and_shapes_are_the_engines(tmp_path_factory, arch):
 
 def test_each_block_type_of_a_mixed_file_is_its_own_problem_and_dense_weights_are_uncovered(tmp_path_factory):
     d = derive(_model(tmp_path_factory, "qwen3", QT.Q4_K, hidden_size=256, intermediate_size=512), SCENARIO)
-    assert "q4_k_matmul" in _by_family(d)
+    fam = _by_family(d)
+    assert "q4_k_engine_matmul" in fam and "q4_k_matmul" not in fam
+    # the fp32-activation family (the engine's per-op seam) loads with its twin's shapes
+    register(d)
+    fp32 = load_problem(f"q4_k_matmul.{d.model}")
+    assert [dict(x) for x in fp32.workload] == fam["q4_k_engine_matmul"].shapes and fp32.entry == "q4_k_matmul"
     f32 = derive(_model(tmp_path_factory, "llama", QT.F32), SCENARIO)
     assert not any(p.family.endswith("_matmul") for p in f32.problems)
     assert any(u["op"] == "q|k|v" and "F32" in u["why"] for u in f32.uncovered)

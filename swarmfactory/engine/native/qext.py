@@ -2,9 +2,10 @@
 (``EngineConfig.native_matmul``).
 
 Those problems (problems/suites/cpu/qengine.py) have the engine's own numerics for a linear
-layer on a 32-element GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the stored blocks and
-activations already quantised to 8 bits per block of 32, each block product exact in integers.
-qlinear.c's ``sf_qlinear_q32`` is the engine's kernel with that ABI (their yardstick), so a
+layer on a GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; Q4_K, Q5_K, Q6_K): the stored blocks
+and activations already quantised to 8 bits per block of 32 (per 256 with sums per 16 for the
+K-quants), each block product exact in integers. qlinear.c's ``sf_qlinear_q32`` and
+``sf_qlinear_q256`` are the engine's kernels with those ABIs (their yardsticks), so a
 champion competes with what the engine runs and, named here, replaces it for every weight part of
 its type: in ``qnative`` ops and in the block step (``qstep.c``), wherever qlinear.c's kernels run.
 
@@ -37,7 +38,7 @@ from ..config import ENGINE_MATMUL_FAMILIES, parse_native_matmul
 from ..kernels import Weight
 from ..supply import BuiltKernel, KernelSupply, NoSupply, UnavailableKernel
 from .library import Ext, NativeUnavailable
-from .qlinear import PROBE_TOLERANCE, Packed, Reference, random_part
+from .qlinear import K_QUANTS, PROBE_TOLERANCE, Packed, Reference, random_part
 
 # The audit checks the first call at each batch size and 1 in AUDIT_SHARE of the others: each call
 # is up to 256 weight rows (a Gemma 3 decode step makes ~1,400), the audit one row of it. 1 in 4
@@ -48,6 +49,11 @@ AUDIT_SHARE = 16
 
 
 def signature(family: str) -> str:
+    """The C declaration of ``family``'s kernel: activations per block of 32 with their offset
+    terms, or (the K-quants) per block of 256 with their sums per 16."""
+    if QT[ENGINE_MATMUL_FAMILIES[family]] in K_QUANTS:
+        return (f"void {family}(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *bsums, "
+                "float *y, int64_t n, int64_t k, int64_t batch)")
     return (f"void {family}(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y, "
             "int64_t n, int64_t k, int64_t batch)")
 
@@ -174,7 +180,9 @@ def check(lib, k: Kernel) -> str | None:
 
     # qlinear's probe cases of this type (an odd block count, passes of every size, an all-zero
     # block), two threads, and a weight of more rows than one call takes (pieces of 256)
-    for rows, cols, Ms in ((13, 352, (1, 11)), (300, 96, (1, 5)), (67, 1024, (19,))):
+    wide = qt in K_QUANTS  # k a multiple of 256
+    for rows, cols, Ms in ((13, 512 if wide else 352, (1, 11)), (300, 256 if wide else 96, (1, 5)),
+                           (67, 1024, (19,))):
         p, weight = packed(rows, cols, rows + cols)
         ref = Reference(weight)
         for M in Ms:
@@ -187,7 +195,7 @@ def check(lib, k: Kernel) -> str | None:
             if not err <= PROBE_TOLERANCE:
                 return f"{qt.name} [{rows} x {cols}], {M} rows: error {err:.2e} of sum |w||x| against the reference"
     # batch invariance: the engine's calls cut rows and batches as threads and steps fall
-    for rows, cols in ((10, 96), (300, 288)):
+    for rows, cols in ((10, 256 if wide else 96), (300, 512 if wide else 288)):
         p, _ = packed(rows, cols, rows)
         x = torch.randn(19, cols, generator=torch.Generator().manual_seed(cols)) * 3
         full = _call(lib, p, x, 3).numpy()

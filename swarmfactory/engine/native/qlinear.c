@@ -75,9 +75,9 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
-/* An external kernel for the parts of one 32-element type: a kernel of the kernel factory's
+/* An external kernel for the parts of one type: a kernel of the kernel factory's
  * <type>_engine_matmul problem (a separate shared object, found by pointer), with the ABI and
- * numerics of sf_qlinear_q32 below, and its audit. The same layout as decode.c's Ext (Python:
+ * numerics of sf_qlinear_q32 (32-element types) or sf_qlinear_q256 (K-quants) below, and its audit. The same layout as decode.c's Ext (Python:
  * library.Ext). Its calls on a thread's run of rows read that thread's private copy of the
  * activations (so they cannot change what another thread's calls read), compared with the
  * original after the run, and every call has guard floats after its outputs; a changed copy, a
@@ -88,8 +88,11 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
  * row, against rows_dot. */
 typedef void (*Q32Fn)(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y, int64_t n,
                       int64_t k, int64_t batch);
+/* the K-quants' (Q4_K, Q5_K, Q6_K): activations per block of 256 and their sums per 16 */
+typedef void (*Q256Fn)(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *bsums, float *y,
+                       int64_t n, int64_t k, int64_t batch);
 typedef struct QExt {
-    Q32Fn fn;                     /* NULL: the engine's own kernel */
+    void *fn;                     /* a Q32Fn or (K-quant parts) a Q256Fn; NULL: the engine's own kernel */
     float rtol, atol;
     uint64_t seed;
     int32_t bad;                  /* set at the first fault: rows_dot runs from then on */
@@ -103,7 +106,7 @@ typedef struct QExt {
 } QExt;
 
 /* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes;
- * ext: NULL, or an external kernel for it (32-element types only). */
+ * ext: NULL, or an external kernel for it. */
 typedef struct {
     int64_t type, rows, row_bytes;
     const uint8_t *data;
@@ -280,7 +283,8 @@ static float dot32(int64_t t, const uint8_t *w, int64_t K, const Act32 *a, int64
     return acc + accm;
 }
 
-/* super-block -> 256 quants (Q4_K/Q5_K: 0..31, Q6_K: -32..31) and its integer scales */
+/* super-block -> 256 unsigned quants (Q4_K/Q5_K: 0..31, Q6_K: 0..63, its -32 applied through the
+ * activations' bsums as the SIMD code does) and its integer scales */
 static void unpack256(int64_t t, const uint8_t *b, int8_t q[256], int16_t sc[16], int16_t mn[8],
                       float *d, float *dmin) {
     if (t == Q6_K) {
@@ -290,7 +294,7 @@ static void unpack256(int64_t t, const uint8_t *b, int8_t q[256], int16_t sc[16]
                 for (int l = 0; l < 32; l++) {
                     const int lo = (ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0F;
                     const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
-                    q[128 * h + 32 * s + l] = (int8_t)((lo | (hi << 4)) - 32);
+                    q[128 * h + 32 * s + l] = (int8_t)(lo | (hi << 4)); /* 0..63; the -32 goes through bsums */
                 }
         for (int i = 0; i < 16; i++) sc[i] = (int8_t)b[192 + i];
         *d = fp16(b + 208);
@@ -326,6 +330,7 @@ static float dot256(int64_t t, const uint8_t *w, int64_t K, const Act256 *a, int
         for (int j = 0; j < 256 / sub; j++) {
             int32_t s = 0;
             for (int l = 0; l < sub; l++) s += q[sub * j + l] * xq[sub * j + l];
+            if (t == Q6_K) s -= 32 * bsum[j]; /* as the SIMD code: the bsums as given */
             isum += sc[j] * s;
             if (t != Q6_K) msum += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
         }
@@ -635,15 +640,14 @@ static void rows_dot(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64_t
 #endif
 }
 
-/* y[m * R + r] = W[row r] . x[m] for R rows (row stride rb) of 32-element type t, on the
- * engine's own kernel: the layout of the external kernels' ABI. tmp: ROW_GROUP * M floats. */
-static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64_t K, const Act32 *a, int64_t M,
-                       float *y, float *tmp) {
-    const Act256 none = {0};
+/* y[m * R + r] = W[row r] . x[m] for R rows (row stride rb) of type t, on the engine's own
+ * kernel: the layout of the external kernels' ABI. tmp: ROW_GROUP * M floats. */
+static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64_t K, const Act32 *a32,
+                       const Act256 *a256, int64_t M, float *y, float *tmp) {
     const int64_t g = row_group(rb);
     for (int64_t r0 = 0; r0 < R; r0 += g) {
         const int64_t G = R - r0 < g ? R - r0 : g;
-        rows_dot(t, w + r0 * rb, rb, G, K, a, &none, M, tmp);
+        rows_dot(t, w + r0 * rb, rb, G, K, a32, a256, M, tmp);
         for (int64_t m = 0; m < M; m++)
             for (int64_t r = 0; r < G; r++) y[m * R + r0 + r] = tmp[r * M + m];
     }
@@ -681,14 +685,16 @@ static inline int qx_active(const QPart *P) {
 }
 
 /* Floats of one thread's scratch for external kernels at M activation rows of K columns: the
- * outputs and their guard, rows_dot's tile and the audit's row, and the private activations. */
+ * outputs and their guard, rows_dot's tile and the audit's row, and the private activations
+ * (Act32's, or in the same room Act256's: K/256 scales and K/16 int16 sums a row). */
 static int64_t qx_scratch(int64_t M, int64_t K) {
     return M * EXT_ROWS + EXT_GUARD + (ROW_GROUP + 1) * M + 2 * M * (K / 32) + (M * K + 3) / 4 + 16;
 }
 
 typedef struct {
     float *out, *tmp;
-    Act32 mine;
+    Act32 mine;       /* a 32-element part's private activations */
+    Act256 mine256;   /* a K-quant part's, in the same memory */
 } QxSlot;
 
 static QxSlot qx_slot(float *base, int64_t M, int64_t K) {
@@ -698,37 +704,92 @@ static QxSlot qx_slot(float *base, int64_t M, int64_t K) {
     s.mine.d = s.tmp + (ROW_GROUP + 1) * M;
     s.mine.s = s.mine.d + M * (K / 32);
     s.mine.q = (int8_t *)(s.mine.s + M * (K / 32));
+    s.mine256 = (Act256){s.mine.q, s.mine.d, (int16_t *)s.mine.s}; /* K/16 int16 = K/32 floats */
     return s;
 }
 
+/* The bytes of a run's activations: q, scales, and offset terms (32) or sums per 16 (256). */
+static void qx_sizes(int64_t t, int64_t M, int64_t K, size_t *nq, size_t *nd, size_t *ns) {
+    *nq = (size_t)(M * K);
+    *nd = sizeof(float) * (size_t)(M * (K / elems(t)));
+    *ns = elems(t) == 32 ? sizeof(float) * (size_t)(M * (K / 32)) : sizeof(int16_t) * (size_t)(M * (K / 16));
+}
+
 /* The activations into this thread's private copy, for the external kernel's calls on a run of
- * rows (qx_end checks the copy after them). */
-static void qx_begin(QxSlot *S, const Act32 *a, int64_t M, int64_t K) {
-    memcpy(S->mine.q, a->q, (size_t)(M * K));
-    memcpy(S->mine.d, a->d, sizeof(float) * (size_t)(M * (K / 32)));
-    memcpy(S->mine.s, a->s, sizeof(float) * (size_t)(M * (K / 32)));
+ * rows of a part of type t (qx_end checks the copy after them). */
+static void qx_begin(QxSlot *S, int64_t t, const Act32 *a32, const Act256 *a256, int64_t M, int64_t K) {
+    size_t nq, nd, ns;
+    qx_sizes(t, M, K, &nq, &nd, &ns);
+    if (elems(t) == 32) {
+        memcpy(S->mine.q, a32->q, nq); memcpy(S->mine.d, a32->d, nd); memcpy(S->mine.s, a32->s, ns);
+    } else {
+        memcpy(S->mine256.q, a256->q, nq); memcpy(S->mine256.d, a256->d, nd);
+        memcpy(S->mine256.bsums, a256->bsums, ns);
+    }
 }
 
 /* After a run of rows: the private copy must be as qx_begin made it, or a call changed its
  * inputs (then a later call of the run, or its audit, read changed ones): a fault. */
-static void qx_end(QExt *e, const QxSlot *S, const Act32 *a, int64_t M, int64_t K) {
+static void qx_end(const QPart *P, const QxSlot *S, const Act32 *a32, const Act256 *a256, int64_t M, int64_t K) {
+    QExt *e = P->ext;
     if (!e->audit || __atomic_load_n(&e->bad, __ATOMIC_RELAXED)) return;
-    const int64_t nb = K / 32;
-    if (memcmp(S->mine.q, a->q, (size_t)(M * K)) || memcmp(S->mine.d, a->d, sizeof(float) * (size_t)(M * nb)) ||
-        memcmp(S->mine.s, a->s, sizeof(float) * (size_t)(M * nb)))
-        qx_fail(e, 2, 0, K, M, 0, 0, 0.f, 0.f, 0.f);
+    size_t nq, nd, ns;
+    qx_sizes(P->type, M, K, &nq, &nd, &ns);
+    const int changed = elems(P->type) == 32
+        ? memcmp(S->mine.q, a32->q, nq) || memcmp(S->mine.d, a32->d, nd) || memcmp(S->mine.s, a32->s, ns)
+        : memcmp(S->mine256.q, a256->q, nq) || memcmp(S->mine256.d, a256->d, nd) ||
+          memcmp(S->mine256.bsums, a256->bsums, ns);
+    if (changed) qx_fail(e, 2, 0, K, M, 0, 0, 0.f, 0.f, 0.f);
+}
+
+/* The magnitude of the terms of row `row`'s outputs for activation rows 0..M-1 (the audit's
+ * allowance for fp32 sums in another order): per block |scale x activation scale| times the most
+ * |weight quant| times sum |xq|, plus the min term's size. */
+static void qx_bound(int64_t t, const uint8_t *row, int64_t K, const Act32 *a32, const Act256 *a256, int64_t M,
+                     float *bound) {
+    const int64_t E = elems(t), nb = K / E, bs = block_bytes(t);
+    for (int64_t m = 0; m < M; m++) bound[m] = 0.f;
+    for (int64_t j = 0; j < nb; j++) {
+        const uint8_t *b = row + j * bs;
+        float dw, mw = 0.f, umax;
+        if (E == 32) {
+            dw = fabsf(fp16(b));
+            mw = t == Q4_1 || t == Q5_1 ? fabsf(fp16(b + 2)) : t == Q4_0 ? 8.f * dw : t == Q5_0 ? 16.f * dw : 0.f;
+            umax = t == Q8_0 ? 128.f : (t == Q5_0 || t == Q5_1) ? 31.f : 15.f;
+        } else if (t == Q6_K) { /* w = d sc (u - 32): |sc| <= 128, |u - 32| <= 32 */
+            dw = fabsf(fp16(b + 208)) * 128.f;
+            umax = 32.f;
+        } else { /* w = d sc u - dmin m: sc, m <= 63 */
+            dw = fabsf(fp16(b)) * 63.f;
+            mw = fabsf(fp16(b + 2)) * 63.f;
+            umax = t == Q5_K ? 31.f : 15.f;
+        }
+        for (int64_t m = 0; m < M; m++) {
+            const int8_t *xq = (E == 32 ? a32->q : a256->q) + m * K + E * j;
+            int32_t qa = 0;
+            for (int i = 0; i < E; i++) qa += xq[i] < 0 ? -xq[i] : xq[i];
+            if (E == 32) {
+                bound[m] += dw * fabsf(a32->d[m * nb + j]) * umax * (float)qa + mw * fabsf(a32->s[m * nb + j]);
+            } else {
+                const float dx = fabsf(a256->d[m * nb + j]);
+                bound[m] += dx * (dw * umax * (float)qa + mw * (float)qa);
+            }
+        }
+    }
 }
 
 /* Rows [0, R) (R <= EXT_ROWS) of a part of P's type at w into S->out[m * R + r], on P's external
  * kernel (reading S's private activations, qx_begin), checked and audited as QExt says; on a
  * fault (this call's or, meanwhile, another's) the rows come from rows_dot. */
-static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, const Act32 *a, int64_t M, QxSlot *S) {
+static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, const Act32 *a32, const Act256 *a256,
+                     int64_t M, QxSlot *S) {
     QExt *e = P->ext;
-    const int64_t t = P->type, nb = K / 32;
+    const int64_t t = P->type, rb = K / elems(t) * block_bytes(t);
     if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) {
         union { uint32_t u; float f; } sentinel = {(uint32_t)qx_mix(e->seed) | 0x7fc00001u}; /* a NaN */
         for (int i = 0; i < EXT_GUARD; i++) S->out[M * R + i] = sentinel.f;
-        e->fn(w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
+        if (elems(t) == 32) ((Q32Fn)e->fn)(w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
+        else ((Q256Fn)e->fn)(w, S->mine256.q, S->mine256.d, S->mine256.bsums, S->out, R, K, M);
         const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
         if (e->audit) {
             int past = 0;
@@ -748,25 +809,10 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
             if (check && !past) {
                 __atomic_fetch_add(&e->audited, 1, __ATOMIC_RELAXED);
                 const int64_t r = (int64_t)((draw & 0xffffffffULL) % (uint64_t)R);
-                const int64_t bs = block_bytes(t), rb = nb * bs;
                 const uint8_t *row = w + r * rb;
                 float *ref = S->tmp, *bound = S->tmp + ROW_GROUP * M;
-                const Act256 none = {0};
-                rows_dot(t, row, rb, 1, K, a, &none, M, ref);
-                const float umax = t == Q8_0 ? 128.f : (t == Q5_0 || t == Q5_1) ? 31.f : 15.f;
-                for (int64_t m = 0; m < M; m++) bound[m] = 0.f;
-                for (int64_t j = 0; j < nb; j++) {
-                    const uint8_t *b = row + j * bs;
-                    const float dw = fabsf(fp16(b));
-                    const float mw = t == Q4_1 || t == Q5_1 ? fabsf(fp16(b + 2)) : t == Q4_0 ? 8.f * dw
-                                     : t == Q5_0 ? 16.f * dw : 0.f;
-                    for (int64_t m = 0; m < M; m++) {
-                        const int8_t *xq = a->q + m * K + 32 * j;
-                        int32_t qa = 0;
-                        for (int i = 0; i < 32; i++) qa += xq[i] < 0 ? -xq[i] : xq[i];
-                        bound[m] += dw * fabsf(a->d[m * nb + j]) * umax * (float)qa + mw * fabsf(a->s[m * nb + j]);
-                    }
-                }
+                rows_dot(t, row, rb, 1, K, a32, a256, M, ref);
+                qx_bound(t, row, K, a32, a256, M, bound);
                 for (int64_t m = 0; m < M; m++) {
                     const float got = S->out[m * R + r], want = ref[m];
                     const float tol = e->atol + e->rtol * fabsf(want) + EXT_AUDIT_SCALE * bound[m];
@@ -779,7 +825,7 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
         }
         if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) return;
     }
-    own_rows_t(t, w, nb * block_bytes(t), R, K, a, M, S->out, S->tmp);
+    own_rows_t(t, w, rb, R, K, a32, a256, M, S->out, S->tmp);
 }
 
 /* External kernels of these parts dropped so far (a call compares the count before and after). */
@@ -841,10 +887,10 @@ static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xs
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
         if (xscratch && qx_active(P)) {
             QxSlot S = qx_slot(xscratch, J->M, J->K);
-            if (lo < hi) qx_begin(&S, J->a32, J->M, J->K);
+            if (lo < hi) qx_begin(&S, P->type, J->a32, J->a256, J->M, J->K);
             for (int64_t n = lo; n < hi; n += EXT_ROWS) {
                 const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
-                ext_rows(P, P->data + (n - base) * P->row_bytes, R, J->K, J->a32, J->M, &S);
+                ext_rows(P, P->data + (n - base) * P->row_bytes, R, J->K, J->a32, J->a256, J->M, &S);
                 for (int64_t m = 0; m < J->M; m++)
                     for (int64_t r = 0; r < R; r++) {
                         const float v = S.out[m * R + r];
@@ -852,7 +898,7 @@ static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xs
                         else ((float *)J->y)[m * J->N + n + r] = v;
                     }
             }
-            if (lo < hi) qx_end(P->ext, &S, J->a32, J->M, J->K);
+            if (lo < hi) qx_end(P, &S, J->a32, J->a256, J->M, J->K);
             base += P->rows;
             continue;
         }
@@ -935,8 +981,8 @@ static int ensure_helpers(int want) {
  * A part with an external kernel (QExt) runs on it, EXT_ROWS rows a call at most.
  * Returns 0; 1 when an external kernel was dropped during the call (the whole call then ran
  * again, and y is the engine's own kernels' result); -1 for bad arguments (unknown type, K not a
- * multiple of a part's block, a row stride shorter than a row, an external kernel on a
- * K-quant part); -2 if scratch memory could not be allocated. */
+ * multiple of a part's block, a row stride shorter than a row); -2 if scratch memory could not
+ * be allocated. */
 int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const void *x, int x_bf16,
                void *y, int y_bf16, int threads) {
     if (n_parts < 1 || K < 1 || M < 1) return -1;
@@ -946,7 +992,6 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
         const int64_t t = parts[p].type, bs = block_bytes(t);
         if (!bs || K % elems(t) || parts[p].rows < 0 || parts[p].row_bytes < K / elems(t) * bs || !parts[p].data)
             return -1;
-        if (parts[p].ext && parts[p].ext->fn && elems(t) != 32) return -1;
         N += parts[p].rows;
         need32 |= elems(t) == 32;
         need256 |= elems(t) == 256;
@@ -1036,7 +1081,24 @@ int sf_qlinear_q32(int64_t t, const uint8_t *w, const int8_t *xq, const float *x
     float *tmp = malloc(sizeof(float) * (size_t)(ROW_GROUP * batch));
     if (!tmp) return -2;
     const Act32 a32 = {(int8_t *)xq, (float *)xd, (float *)xs};
-    own_rows_t(t, w, k / 32 * bs, n, k, &a32, batch, y, tmp);
+    const Act256 none = {0};
+    own_rows_t(t, w, k / 32 * bs, n, k, &a32, &none, batch, y, tmp);
+    free(tmp);
+    return 0;
+}
+
+/* The same for a K-quant (Q4_K, Q5_K, Q6_K), the ABI of the <type>_engine_matmul problems of the
+ * K-quants: xq int8 [batch, k], xd fp32 [batch, k / 256], bsums int16 [batch, k / 16] (the sums of
+ * xq per 16, as quantize_row makes them). */
+int sf_qlinear_q256(int64_t t, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *bsums, float *y,
+                    int64_t n, int64_t k, int64_t batch) {
+    const int64_t bs = block_bytes(t);
+    if (!bs || elems(t) != 256 || k < 256 || k % 256 || n < 0 || batch < 1) return -1;
+    float *tmp = malloc(sizeof(float) * (size_t)(ROW_GROUP * batch));
+    if (!tmp) return -2;
+    const Act32 none = {0};
+    const Act256 a256 = {(int8_t *)xq, (float *)xd, (int16_t *)bsums};
+    own_rows_t(t, w, k / 256 * bs, n, k, &none, &a256, batch, y, tmp);
     free(tmp);
     return 0;
 }

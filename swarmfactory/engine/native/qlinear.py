@@ -90,6 +90,8 @@ def load_library(path: IsaPath | tuple[str, ...]):
     lib.sf_qlinear_isa.restype = ctypes.c_char_p
     lib.sf_qlinear_q32.restype = c_int
     lib.sf_qlinear_q32.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
+    lib.sf_qlinear_q256.restype = c_int
+    lib.sf_qlinear_q256.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
     f32 = ctypes.c_float  # the block step (qstep.c, native/qstep.py)
     lib.sf_qstep_new.restype = p
     lib.sf_qstep_new.argtypes = [i64, i64, i64, i64, i64, i64, i64, f32, f32, c_int, i64, i64, i64, i64, p, p, p,

@@ -90,15 +90,15 @@ static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_
         const int64_t lo = n0 > base ? n0 : base, hi = n1 < base + P->rows ? n1 : base + P->rows;
         if (Q->xtmp && qx_active(P)) { /* the factory's kernel for this part's type (QExt) */
             QxSlot S = qx_slot(Q->xtmp + (int64_t)t * qx_scratch(Q->max_b, Q->kmax), M, W->cols);
-            if (lo < hi) qx_begin(&S, &Q->a32, M, W->cols);
+            if (lo < hi) qx_begin(&S, P->type, &Q->a32, &Q->a256, M, W->cols);
             for (int64_t n = lo; n < hi; n += EXT_ROWS) {
                 const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
-                ext_rows(P, P->data + (n - base) * P->row_bytes, R, W->cols, &Q->a32, M, &S);
+                ext_rows(P, P->data + (n - base) * P->row_bytes, R, W->cols, &Q->a32, &Q->a256, M, &S);
                 for (int64_t m = 0; m < M; m++)
                     for (int64_t r = 0; r < R; r++)
                         y[m * ldy + n + r] = S.out[m * R + r] + (W->bias ? W->bias[n + r] : 0.f);
             }
-            if (lo < hi) qx_end(P->ext, &S, &Q->a32, M, W->cols);
+            if (lo < hi) qx_end(P, &S, &Q->a32, &Q->a256, M, W->cols);
             base += P->rows;
             continue;
         }
@@ -296,10 +296,7 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
             const int64_t t = W->parts[p].type, bs = block_bytes(t);
             if (!bs || W->cols % elems(t) || W->parts[p].row_bytes < W->cols / elems(t) * bs || !W->parts[p].data)
                 return NULL;
-            if (W->parts[p].ext && W->parts[p].ext->fn) {
-                if (elems(t) != 32) return NULL;
-                has_ext = 1;
-            }
+            has_ext |= W->parts[p].ext && W->parts[p].ext->fn;
             rows += W->parts[p].rows;
         }
         if (rows != W->rows || W->rows != rc[0] || W->cols != rc[1]) return NULL;

@@ -323,12 +323,14 @@ def _loop():
 
 
 class EngineQ32:
-    """``sf_qlinear_q32`` bound to one case's tensors (``element_ops.NativeCall``'s protocol:
-    calling it runs the kernel once and returns y; ``loop(n)`` runs it n times inside C)."""
+    """``sf_qlinear_q32`` (or, by ``symbol``, another engine entry point of the same form:
+    ``sf_qlinear_q256`` for the K-quants, whose fourth array is bsums) bound to one case's tensors
+    (``element_ops.NativeCall``'s protocol: calling it runs the kernel once and returns y;
+    ``loop(n)`` runs it n times inside C)."""
 
     native = True  # no torch.compile form; timed through ``loop``
 
-    def __init__(self, qtype: QT, t):
+    def __init__(self, qtype: QT, t, symbol: str = "sf_qlinear_q32", arrays: tuple = ("w", "xq", "xd", "xs")):
         import ctypes
 
         import torch
@@ -338,11 +340,15 @@ class EngineQ32:
         loaded = qlinear.loaded()
         if loaded.lib is None:
             raise RuntimeError(f"engine_qnative: the native linear kernel is unavailable here: {loaded.reason}")
-        fn = getattr(loaded.lib, "sf_qlinear_q32", None)
+        fn = getattr(loaded.lib, symbol, None)
         if fn is None:
-            raise RuntimeError("engine_qnative: the engine's native library has no sf_qlinear_q32")
+            raise RuntimeError(f"engine_qnative: the engine's native library has no {symbol}")
+        if fn.argtypes is None:  # the same form as sf_qlinear_q32 (load_library declares those it knows)
+            i64, p = ctypes.c_int64, ctypes.c_void_p
+            fn.restype, fn.argtypes = ctypes.c_int, [i64, p, p, p, p, p, i64, i64, i64]
+        self.symbol = symbol
         n, k, batch = int(t["n"]), int(t["k"]), int(t["batch"])
-        self._keep = [torch.as_tensor(t[a]).contiguous() for a in ("w", "xq", "xd", "xs")]
+        self._keep = [torch.as_tensor(t[a]).contiguous() for a in arrays]
         self.y = torch.empty(batch, n, dtype=torch.float32)
         self._args = [int(qtype), *(a.data_ptr() for a in self._keep), self.y.data_ptr(), n, k, batch]
         self._fn, self._loop = fn, _loop()
@@ -351,13 +357,13 @@ class EngineQ32:
     def __call__(self):
         rc = self._fn(*self._args)
         if rc:
-            raise RuntimeError(f"sf_qlinear_q32 rejected its arguments ({rc})")
+            raise RuntimeError(f"{self.symbol} rejected its arguments ({rc})")
         return self.y
 
     def loop(self, iters: int) -> None:
         rc = self._loop(self._ptr, *self._args, int(iters))
         if rc:
-            raise RuntimeError(f"sf_qlinear_q32 rejected its arguments ({rc})")
+            raise RuntimeError(f"{self.symbol} rejected its arguments ({rc})")
 
 
 def _shapes() -> dict:
