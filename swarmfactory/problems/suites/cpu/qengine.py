@@ -173,11 +173,15 @@ def make_activations(rng, batch: int, k: int, dist: str) -> tuple[np.ndarray, ..
 # -- the op ----------------------------------------------------------------------------------------
 
 class _Ops:
-    """The callables of one type's problem."""
+    """The callables of one type's problem (the K-quants' subclass, qengine_k.py, changes the
+    activation block and what differs with it)."""
+
+    block = QK  # weights (and activations) per block
+    block_bytes = BLOCK_BYTES
 
     def __init__(self, qtype: QT):
         self.qtype = QT(qtype)
-        self.bs = BLOCK_BYTES[self.qtype]
+        self.bs = self.block_bytes[self.qtype]
 
     def make_inputs(self, shape, rng, dist):
         n, k, batch = shape["n"], shape["k"], shape["batch"]
@@ -250,7 +254,7 @@ class _Ops:
 
         n, k, batch = t["n"], t["k"], t["batch"]
         w = dequantise(self.qtype, _numpy(t["w"]), n, k)
-        x = (t["xq"].float().view(batch, k // QK, QK) * t["xd"].float()[..., None]).view(batch, k)
+        x = (t["xq"].float().view(batch, k // self.block, self.block) * t["xd"].float()[..., None]).view(batch, k)
         return w, x.contiguous()
 
     def baseline_engine_qnative(self, t):
@@ -276,8 +280,8 @@ class _Ops:
         from swarmfactory.problems.suites.cpu.qblock import dequantise
 
         n, k, batch, raw = t["n"], t["k"], t["batch"], _numpy(t["w"]).copy()
-        xq, xd, qtype = t["xq"], t["xd"], self.qtype
-        return lambda: (xq.float().view(batch, -1, QK) * xd[..., None]).view(batch, k) @ dequantise(qtype, raw, n, k).T
+        xq, xd, qtype, block = t["xq"], t["xd"], self.qtype, self.block
+        return lambda: (xq.float().view(batch, -1, block) * xd[..., None]).view(batch, k) @ dequantise(qtype, raw, n, k).T
 
     def roofline(self, shape):
         n, k, b = shape["n"], shape["k"], shape["batch"]

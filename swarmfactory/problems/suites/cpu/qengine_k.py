@@ -40,6 +40,7 @@ from gguf import GGMLQuantizationType as QT
 
 from swarmfactory.problems import models
 from swarmfactory.problems.spec import Arg, Problem, Roofline, Tolerance, gen_values, with_specials
+from swarmfactory.problems.suites.cpu import qengine
 from swarmfactory.problems.suites.cpu.qengine import MIN_BOUNDED_OUTPUTS, EngineQ32, _f32, _numpy, problem_name
 
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
@@ -155,10 +156,14 @@ def decode(qtype: QT, w, n: int, k: int) -> dict:
 
 # -- the op ----------------------------------------------------------------------------------------
 
-class _Ops:
-    def __init__(self, qtype: QT):
-        self.qtype = QT(qtype)
-        self.bs = BLOCK_BYTES[self.qtype]
+class _Ops(qengine._Ops):
+    """qengine's callables with activation blocks of 256 and their sums per 16: the inputs, the
+    formula, torch's fp32 answer, the engine's entry point and the roofline differ; the
+    dequantised baseline and the eager reference are qengine's (their min terms come from x, not
+    bsums: another function only of the mixed inputs timing runs make)."""
+
+    block = QK
+    block_bytes = BLOCK_BYTES
 
     def make_inputs(self, shape, rng, dist):
         from swarmfactory.problems.suites.cpu.qblock import make_blocks
@@ -190,12 +195,6 @@ class _Ops:
             return torch.einsum("jib,ij,bj->bi", isum + msum, d, xd)
         return torch.einsum("jib,ij,bj->bi", isum, d, xd) - torch.einsum("jib,ij,bj->bi", msum, dmin, xd)
 
-    def reference(self, t):
-        """In float64 from the same inputs (bsums as given): the integer sums exact."""
-        import torch
-
-        return {"y": self.formula(t, torch.float64)}
-
     def fp32_torch(self, t):
         """Torch's own fp32 answer in the op's own form (see qengine._Ops.fp32_torch): the unsigned
         part of the weights dequantised (d sc u per element), the activations xq * xd, F.linear,
@@ -222,35 +221,11 @@ class _Ops:
         xs = (t["bsums"].float().view(batch, nb, 16) * xd[..., None]).view(batch, k // 16).contiguous()
         return lambda: F.linear(x, wu) + xs @ mw.T
 
-    def dequantised(self, t):
-        from swarmfactory.problems.suites.cpu.qblock import dequantise
-
-        n, k, batch = t["n"], t["k"], t["batch"]
-        w = dequantise(self.qtype, _numpy(t["w"]), n, k)
-        x = (t["xq"].float().view(batch, k // QK, QK) * t["xd"].float()[..., None]).view(batch, k)
-        return w, x.contiguous()
-
     def baseline_engine_qnative(self, t):
         """The engine's own kernel for this type (qlinear.c's ``sf_qlinear_q256``), in the library
         the engine runs, single-threaded, timed in a C loop as a candidate is. RuntimeError, with
         the reason, where it is unavailable (the harness skips it loudly)."""
         return EngineQ32(self.qtype, t, symbol="sf_qlinear_q256", arrays=("w", "xq", "xd", "bsums"))
-
-    def baseline_dequant_linear(self, t):
-        """Weights dequantised once and x = xq * xd in fp32 (outside the timed region), then
-        F.linear. (Its numerics differ from the op's: the min terms come from x, not bsums.)"""
-        import torch.nn.functional as F
-
-        w, x = self.dequantised(t)
-        return lambda: F.linear(x, w)
-
-    def eager(self, t):
-        """The stored blocks kept; every call dequantises them and the activations, and multiplies."""
-        from swarmfactory.problems.suites.cpu.qblock import dequantise
-
-        n, k, batch, raw = t["n"], t["k"], t["batch"], _numpy(t["w"]).copy()
-        xq, xd, qtype = t["xq"], t["xd"], self.qtype
-        return lambda: (xq.float().view(batch, -1, QK) * xd[..., None]).view(batch, k) @ dequantise(qtype, raw, n, k).T
 
     def roofline(self, shape):
         n, k, b = shape["n"], shape["k"], shape["batch"]
