@@ -19,11 +19,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from swarmfactory.problems import Case, list_problems, load_problem
+from swarmfactory.problems import Case, list_problems
 from swarmfactory.problems.spec import check_problem, lower_precision, to_torch
 from swarmfactory.problems.suites.cpu import ENGINE_NAMES
 from swarmfactory.problems.suites.cpu.qengine import problem_name
 from swarmfactory.problems.suites.cpu.qengine_k import TYPES, decode, quantize_rows_256
+from test_engine_matmul import call, engine_lib, inputs_for, problem  # noqa: E402 (the 32-element types' helpers)
 
 # every value of every knob over the three types (test_every_knob_value_is_sampled)
 SAMPLES = {
@@ -31,18 +32,6 @@ SAMPLES = {
     QT.Q5_K: [{"mt": 2, "group": 8}, {"mt": 4, "unpack": "chunk"}, {"dot": "portable", "group": 1}],
     QT.Q6_K: [{"mt": 4, "group": 4, "unpack": "chunk"}, {"dot": "portable", "group": 8}, {"mt": 1}],
 }
-
-
-def problem(qt: QT):
-    return load_problem(problem_name(qt))
-
-
-def engine_lib():
-    from swarmfactory.engine.native import qlinear
-
-    if qlinear.loaded().lib is None:
-        pytest.skip(f"no native linear kernel here: {qlinear.loaded().reason}")
-    return qlinear.loaded().lib
 
 
 def engine_packed(lib, qt: QT, w: np.ndarray, n: int, k: int, x: np.ndarray) -> np.ndarray:
@@ -56,21 +45,11 @@ def engine_packed(lib, qt: QT, w: np.ndarray, n: int, k: int, x: np.ndarray) -> 
 
 
 def engine_q256(lib, qt: QT, inputs: dict) -> np.ndarray:
-    if not hasattr(lib, "sf_qlinear_q256"):
-        pytest.skip("the engine's library has no sf_qlinear_q256 yet")
     n, k, b = inputs["n"], inputs["k"], inputs["batch"]
     y = np.full((b, n), np.nan, np.float32)
     args = [np.ascontiguousarray(inputs[a]) for a in ("w", "xq", "xd", "bsums")]
     assert lib.sf_qlinear_q256(int(qt), *(a.ctypes.data for a in args), y.ctypes.data, n, k, b) == 0
     return y
-
-
-def call(kernel_call, p, fn, inputs: dict) -> np.ndarray:
-    return kernel_call(p, fn, inputs, {"n": inputs["n"], "k": inputs["k"], "batch": inputs["batch"]})["y"]
-
-
-def inputs_for(p, n: int, k: int, batch: int, seed: int, dist: str = "normal") -> dict:
-    return p.case_inputs(Case({"n": n, "k": k, "batch": batch}, seed=seed, dist=dist))
 
 
 def with_x(inputs: dict, x: np.ndarray) -> dict:
