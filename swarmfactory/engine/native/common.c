@@ -45,3 +45,78 @@ static inline void sf_rms_norm(const float *x, const float *w, float *y, int64_t
         for (int64_t i = 0; i < n; i++) y[i] = x[i] * r;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* An external kernel (a kernel-factory candidate in a separate shared object, found by       */
+/* pointer) and its audit, owned by the caller: decode.c's q4_1_packed_matvec and qlinear.c's  */
+/* <type>_engine_matmul kernels (engine/native/library.py's Ext mirrors this layout).          */
+
+typedef struct SfExt {
+    void *fn;                     /* the kernel (each library casts it to its ABI); NULL: the built-in code */
+    float rtol, atol;
+    uint64_t seed;
+    int32_t bad;                  /* set at the first fault: the built-in code runs from then on */
+    int32_t audit;                /* 0: no audit (tests that must show a broken kernel caught elsewhere) */
+    int64_t share;                /* audit the first call at each batch size, then 1 call in `share` */
+    uint64_t seen[16];            /* batch sizes < 1024 audited at least once (a bitmap) */
+    int64_t calls, audited;       /* kernel calls, and those audited */
+    /* the first fault: the call's n, k, batch, the output's row and batch row, the values */
+    int64_t n, k, batch, row, b;
+    float got, want, bound;       /* bound: the magnitude term of its tolerance */
+    int32_t why;                  /* WRONG_OUTPUT, CHANGED_INPUTS or WROTE_PAST_OUTPUT */
+} SfExt;
+
+enum { WRONG_OUTPUT = 1, CHANGED_INPUTS = 2, WROTE_PAST_OUTPUT = 3 };
+
+#define EXT_GUARD 16 /* floats after a call's outputs that it must leave as they were */
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* The first fault, recorded once: the kernel is dropped from then on. */
+static void ext_fail(SfExt *e, int why, int64_t n, int64_t k, int64_t B, int64_t row, int64_t b, float got,
+                     float want, float bound) {
+    if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
+        e->n = n; e->k = k; e->batch = B; e->row = row; e->b = b;
+        e->got = got; e->want = want; e->bound = bound; e->why = why;
+    }
+}
+
+/* Counts one call of B batch rows; returns its random draw (the audit's row choice) and sets
+ * *check when it is audited: the first call at each batch size (below 1024), then 1 in share. */
+static uint64_t ext_call(SfExt *e, int64_t B, int *check) {
+    const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
+    const uint64_t draw = mix64(e->seed + call * 0x9e3779b97f4a7c15ULL);
+    int c = e->audit && e->share <= 1;
+    if (e->audit && !c) {
+        if (B < 1024) {
+            const uint64_t bit = 1ULL << (B & 63);
+            c = !(__atomic_fetch_or(&e->seen[B >> 6], bit, __ATOMIC_RELAXED) & bit);
+        }
+        c = c || (draw >> 32) % (uint64_t)e->share == 0;
+    }
+    *check = c;
+    return draw;
+}
+
+/* The guard after a call's outputs: filled with a NaN only the seed knows before the call, and
+ * whether the call wrote any of it. */
+static inline uint32_t ext_sentinel(const SfExt *e) { return (uint32_t)mix64(e->seed) | 0x7fc00001u; }
+
+static inline void ext_guard_fill(const SfExt *e, float *guard) {
+    const uint32_t u = ext_sentinel(e);
+    for (int i = 0; i < EXT_GUARD; i++) memcpy(guard + i, &u, 4);
+}
+
+static inline int ext_guard_written(const SfExt *e, const float *guard) {
+    const uint32_t want = ext_sentinel(e);
+    int past = 0;
+    for (int i = 0; i < EXT_GUARD; i++) {
+        uint32_t u;
+        memcpy(&u, guard + i, 4);
+        past |= u != want;
+    }
+    return past;
+}

@@ -102,22 +102,7 @@ typedef void (*MatvecFn)(const uint8_t *w, const int8_t *xq, const float *xd, co
  * at some batch size, row count or position is caught in the first step that makes it wrong
  * with near certainty (each audited wrong call: probability (rows wrong) / (rows of the call)),
  * and that step is run again without it. */
-typedef struct Ext {
-    MatvecFn fn;                  /* NULL: the built-in loop */
-    float rtol, atol;
-    uint64_t seed;
-    int32_t bad;                  /* set at the first mismatch: the built-in loop runs from then on */
-    int32_t audit;                /* 0: no audit (tests that must show a broken kernel caught elsewhere) */
-    int64_t share;                /* audit the first call at each batch size, then 1 call in `share` */
-    uint64_t seen[16];            /* batch sizes < 1024 audited at least once (a bitmap) */
-    int64_t calls, audited;       /* kernel calls, and those audited */
-    /* the first mismatch: the call's n, k, batch, the output's row and batch row, the values */
-    int64_t n, k, batch, row, b;
-    float got, want, bound;       /* bound: the magnitude term of its tolerance */
-    int32_t why;                  /* WRONG_OUTPUT, CHANGED_INPUTS or WROTE_PAST_OUTPUT */
-} Ext;
-
-enum { WRONG_OUTPUT = 1, CHANGED_INPUTS = 2, WROTE_PAST_OUTPUT = 3 };
+typedef SfExt Ext; /* common.c: fn is a MatvecFn here */
 
 typedef struct {
     int64_t n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, max_b, slots, max_len;
@@ -330,12 +315,6 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
  * guard zone. */
 #define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 66 + 16)
 
-static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* Recompute one row group g of the call (rows r0.. of W, n of them, outputs in out[b * n + i])
  * with matmul_groups and compare; 0 if every output is within the tolerance, else records the
  * first mismatch in e (once) and returns 1. The tolerance: the problem's, atol + rtol * |y|,
@@ -344,14 +323,6 @@ static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
  * sums of them in another order (a kernel's legitimate choice) differ by ~1e-6 of that. */
 #define AUDIT_SCALE 1e-5f
 
-/* The first failure, recorded once: the kernel is dropped from then on. */
-static void fail(Ext *e, int why, int64_t n, int64_t k, int64_t B, int64_t row, int64_t b, float got, float want,
-                 float bound) {
-    if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
-        e->n = n; e->k = k; e->batch = B; e->row = row; e->b = b;
-        e->got = got; e->want = want; e->bound = bound; e->why = why;
-    }
-}
 
 /* A keyed hash of the call's inputs (the B rows of quantised activations, scales and offset
  * terms): the same before and after every call, or the kernel wrote to its inputs (which the
@@ -374,7 +345,6 @@ static uint64_t act_hash(const Ext *e, const Act *a, int64_t B, int64_t K) {
     return h;
 }
 
-#define GUARD 16 /* floats after a call's outputs that it must leave as they were */
 
 static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g, int64_t r0, int64_t n,
                        const float *out, float *ref, float *bound) {
@@ -405,7 +375,7 @@ static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g,
             const float got = out[b * n + row0 - r0 + r], want = ref[b * ROWS + r];
             const float tol = e->atol + e->rtol * fabsf(want) + AUDIT_SCALE * bound[b * ROWS + r];
             if (!(fabsf(got - want) <= tol)) { /* NaN fails too */
-                fail(e, WRONG_OUTPUT, n, W->cols, B, row0 + r, b, got, want, AUDIT_SCALE * bound[b * ROWS + r]);
+                ext_fail(e, WRONG_OUTPUT, n, W->cols, B, row0 + r, b, got, want, AUDIT_SCALE * bound[b * ROWS + r]);
                 return 1;
             }
         }
@@ -416,10 +386,9 @@ static void matmul_external(Ext *e, const Mat *W, const Act *a, int64_t B, int64
                             float *y, int64_t ldy, int accumulate, float *tmp, int64_t tmp_len) {
     const int64_t rec = (W->cols / 32) * REC_Q4;
     float *ref = tmp + tmp_len - 2 * ROWS * B, *bound = ref + ROWS * B;
-    tmp_len -= 2 * ROWS * B + GUARD;
+    tmp_len -= 2 * ROWS * B + EXT_GUARD;
     const int64_t step = tmp_len / (ROWS * B) > 0 ? tmp_len / (ROWS * B) : 1;
     const uint64_t inputs = e->audit ? act_hash(e, a, B, W->cols) : 0;
-    union { uint32_t u; float f; } sentinel = {(uint32_t)mix64(e->seed) | 0x7fc00001u}; /* a NaN */
     for (int64_t c0 = g0; c0 < g1; c0 += step) {
         const int64_t c1 = c0 + step < g1 ? c0 + step : g1;
         const int64_t r0 = ROWS * c0, n = (ROWS * c1 < W->rows ? ROWS * c1 : W->rows) - r0;
@@ -427,31 +396,18 @@ static void matmul_external(Ext *e, const Mat *W, const Act *a, int64_t B, int64
             matmul_groups(W, a, B, c0, g1, y, ldy, accumulate);
             return;
         }
-        for (int i = 0; i < GUARD; i++) tmp[n * B + i] = sentinel.f;
-        e->fn(W->data + c0 * rec, a->q, a->d, a->s, tmp, n, W->cols, B);
-        const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
+        ext_guard_fill(e, tmp + n * B);
+        ((MatvecFn)e->fn)(W->data + c0 * rec, a->q, a->d, a->s, tmp, n, W->cols, B);
+        int check;
+        const uint64_t draw = ext_call(e, B, &check);
         if (e->audit) { /* every call: its inputs unchanged, nothing written past its outputs */
-            int past = 0;
-            for (int i = 0; i < GUARD; i++) {
-                uint32_t u;
-                memcpy(&u, tmp + n * B + i, 4);
-                past |= u != sentinel.u;
-            }
+            const int past = ext_guard_written(e, tmp + n * B);
             const int changed = act_hash(e, a, B, W->cols) != inputs;
             if (changed || past) {
-                fail(e, changed ? CHANGED_INPUTS : WROTE_PAST_OUTPUT, n, W->cols, B, 0, 0, 0.f, 0.f, 0.f);
+                ext_fail(e, changed ? CHANGED_INPUTS : WROTE_PAST_OUTPUT, n, W->cols, B, 0, 0, 0.f, 0.f, 0.f);
                 matmul_groups(W, a, B, c0, g1, y, ldy, accumulate);
                 return;
             }
-        }
-        const uint64_t draw = mix64(e->seed + call * 0x9e3779b97f4a7c15ULL);
-        int check = e->audit && e->share <= 1;
-        if (e->audit && !check) {
-            if (B < 1024) {
-                const uint64_t bit = 1ULL << (B & 63);
-                check = !(__atomic_fetch_or(&e->seen[B >> 6], bit, __ATOMIC_RELAXED) & bit);
-            }
-            check = check || (draw >> 32) % (uint64_t)e->share == 0;
         }
         if (check) {
             __atomic_fetch_add(&e->audited, 1, __ATOMIC_RELAXED);

@@ -91,19 +91,7 @@ typedef void (*Q32Fn)(const uint8_t *w, const int8_t *xq, const float *xd, const
 /* the K-quants' (Q4_K, Q5_K, Q6_K): activations per block of 256 and their sums per 16 */
 typedef void (*Q256Fn)(const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *bsums, float *y,
                        int64_t n, int64_t k, int64_t batch);
-typedef struct QExt {
-    void *fn;                     /* a Q32Fn or (K-quant parts) a Q256Fn; NULL: the engine's own kernel */
-    float rtol, atol;
-    uint64_t seed;
-    int32_t bad;                  /* set at the first fault: rows_dot runs from then on */
-    int32_t audit;                /* 0: no audit (tests that must show a broken kernel caught elsewhere) */
-    int64_t share;                /* audit the first call at each batch size, then 1 call in `share` */
-    uint64_t seen[16];            /* batch sizes < 1024 audited at least once (a bitmap) */
-    int64_t calls, audited;
-    int64_t n, k, batch, row, b;  /* the first fault: the call's n, k, batch, the output's row and batch row */
-    float got, want, bound;       /* the values; bound: the magnitude term of the tolerance */
-    int32_t why;                  /* 1 wrong output, 2 changed its inputs, 3 wrote past its outputs */
-} QExt;
+typedef SfExt QExt; /* common.c: fn is a Q32Fn, or a Q256Fn for a K-quant part */
 
 /* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes;
  * ext: NULL, or an external kernel for it. */
@@ -657,28 +645,11 @@ static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64
 /* external kernels (QExt)                                                                   */
 
 #define EXT_ROWS 256      /* weight rows per call of an external kernel, at most */
-#define EXT_GUARD 16      /* floats after a call's outputs that it must leave as they were */
 /* The audit's tolerance: the problem's, atol + rtol |y|, plus EXT_AUDIT_SCALE times the output's
  * magnitude bound sum_j |d_w xd| umax sum |xq| + |m_w xs| (umax: the largest |weight quant|):
  * an fp32 sum of the terms in another order (a kernel's legitimate choice) differs by ~1e-6 of
  * that. */
 #define EXT_AUDIT_SCALE 1e-5f
-
-static inline uint64_t qx_mix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* the first fault, recorded once */
-static void qx_fail(QExt *e, int why, int64_t n, int64_t k, int64_t B, int64_t row, int64_t b, float got, float want,
-                    float bound) {
-    if (__atomic_exchange_n(&e->bad, 1, __ATOMIC_SEQ_CST) == 0) {
-        e->n = n; e->k = k; e->batch = B; e->row = row; e->b = b;
-        e->got = got; e->want = want; e->bound = bound; e->why = why;
-    }
-}
 
 static inline int qx_active(const QPart *P) {
     return P->ext && P->ext->fn && !__atomic_load_n(&P->ext->bad, __ATOMIC_RELAXED);
@@ -739,7 +710,7 @@ static void qx_end(const QPart *P, const QxSlot *S, const Act32 *a32, const Act2
         ? memcmp(S->mine.q, a32->q, nq) || memcmp(S->mine.d, a32->d, nd) || memcmp(S->mine.s, a32->s, ns)
         : memcmp(S->mine256.q, a256->q, nq) || memcmp(S->mine256.d, a256->d, nd) ||
           memcmp(S->mine256.bsums, a256->bsums, ns);
-    if (changed) qx_fail(e, 2, 0, K, M, 0, 0, 0.f, 0.f, 0.f);
+    if (changed) ext_fail(e, CHANGED_INPUTS, 0, K, M, 0, 0, 0.f, 0.f, 0.f);
 }
 
 /* The magnitude of the terms of row `row`'s outputs for activation rows 0..M-1 (the audit's
@@ -786,26 +757,14 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
     QExt *e = P->ext;
     const int64_t t = P->type, rb = K / elems(t) * block_bytes(t);
     if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) {
-        union { uint32_t u; float f; } sentinel = {(uint32_t)qx_mix(e->seed) | 0x7fc00001u}; /* a NaN */
-        for (int i = 0; i < EXT_GUARD; i++) S->out[M * R + i] = sentinel.f;
+        ext_guard_fill(e, S->out + M * R);
         if (elems(t) == 32) ((Q32Fn)e->fn)(w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
         else ((Q256Fn)e->fn)(w, S->mine256.q, S->mine256.d, S->mine256.bsums, S->out, R, K, M);
-        const uint64_t call = (uint64_t)__atomic_fetch_add(&e->calls, 1, __ATOMIC_RELAXED);
+        int check;
+        const uint64_t draw = ext_call(e, M, &check);
         if (e->audit) {
-            int past = 0;
-            for (int i = 0; i < EXT_GUARD; i++) {
-                uint32_t u;
-                memcpy(&u, S->out + M * R + i, 4);
-                past |= u != sentinel.u;
-            }
-            if (past) qx_fail(e, 3, R, K, M, 0, 0, 0.f, 0.f, 0.f);
-            const uint64_t draw = qx_mix(e->seed + call * 0x9e3779b97f4a7c15ULL);
-            int check = e->share <= 1;
-            if (!check && M < 1024) {
-                const uint64_t bit = 1ULL << (M & 63);
-                check = !(__atomic_fetch_or(&e->seen[M >> 6], bit, __ATOMIC_RELAXED) & bit);
-            }
-            check = check || (draw >> 32) % (uint64_t)e->share == 0;
+            const int past = ext_guard_written(e, S->out + M * R);
+            if (past) ext_fail(e, WROTE_PAST_OUTPUT, R, K, M, 0, 0, 0.f, 0.f, 0.f);
             if (check && !past) {
                 __atomic_fetch_add(&e->audited, 1, __ATOMIC_RELAXED);
                 const int64_t r = (int64_t)((draw & 0xffffffffULL) % (uint64_t)R);
@@ -817,7 +776,7 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
                     const float got = S->out[m * R + r], want = ref[m];
                     const float tol = e->atol + e->rtol * fabsf(want) + EXT_AUDIT_SCALE * bound[m];
                     if (!(fabsf(got - want) <= tol) && !(want != want && got != got)) { /* NaN only where rows_dot has one */
-                        qx_fail(e, 1, R, K, M, r, m, got, want, EXT_AUDIT_SCALE * bound[m]);
+                        ext_fail(e, WRONG_OUTPUT, R, K, M, r, m, got, want, EXT_AUDIT_SCALE * bound[m]);
                         break;
                     }
                 }
