@@ -29,7 +29,7 @@ MASK_AVX2 := SWARMFACTORY_CPU_MASK=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_
 MASKED_TESTS := tests/engine/test_native.py tests/engine/test_native_seam.py tests/engine/test_kernel_seam.py \
 	tests/engine/test_capabilities.py tests/engine/test_calibrate.py tests/engine/test_fp32_reference.py \
 	tests/engine/test_quantized_bounds.py tests/engine/test_native_matvec.py \
-	tests/engine/test_qlinear.py tests/engine/test_element_seam.py
+	tests/engine/test_qlinear.py tests/engine/test_element_seam.py tests/engine/test_native_matmul.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

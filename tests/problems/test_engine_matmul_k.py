@@ -24,7 +24,7 @@ from swarmfactory.problems.spec import check_problem, lower_precision, to_torch
 from swarmfactory.problems.suites.cpu import ENGINE_NAMES
 from swarmfactory.problems.suites.cpu.qengine import problem_name
 from swarmfactory.problems.suites.cpu.qengine_k import TYPES, decode, quantize_rows_256
-from test_engine_matmul import call, engine_lib, inputs_for, problem  # noqa: E402 (the 32-element types' helpers)
+from test_engine_matmul import call, engine_lib, inputs_for, problem, same_path_lib  # noqa: E402 (the 32-element types' helpers)
 
 # every value of every knob over the three types (test_every_knob_value_is_sampled)
 SAMPLES = {
@@ -131,7 +131,7 @@ def test_activation_quantiser_is_the_engines(compiler, kernel_call):
     assert (xq[1, :256] == 0).all() and xd[1, 0] == 0
     assert np.isnan(xd[2, 1]) and (xq[2, 256:512] == 0).all() and np.isnan(xd[3, 2]) and np.isfinite(xd[3, :2]).all()
     assert (bsums == xq.reshape(6, 48, 16).astype(np.int32).sum(-1)).all() and np.abs(xq).max() == 127
-    lib = engine_lib()
+    lib = same_path_lib()
     for qt in TYPES:
         p = problem(qt)
         inputs = with_x(inputs_for(p, 19, 768, 6, 1), x)
@@ -148,7 +148,7 @@ def test_default_is_the_engines_kernel_bitwise(qt, compiler, kernel_call):
     """The seed is qlinear.c's own code: on quantize_rows_256(x) the same bits as the engine's
     linear layer on x, and on the problem's inputs the same as sf_qlinear_q256 and the baseline
     that runs it (once, and in its C loop)."""
-    lib = engine_lib()
+    lib = same_path_lib()
     p = problem(qt)
     fn = compiler.load(p, p.render())
     rng = np.random.default_rng(int(qt))
