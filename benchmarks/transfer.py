@@ -67,12 +67,12 @@ import json
 import math
 import random
 import sys
-import tempfile
 import time
 import zlib
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
+from swarmfactory import lifecycle
 from swarmfactory.outcome import MEASURED
 from swarmfactory.swarm.executors import Executor
 
@@ -483,7 +483,7 @@ def main(argv=None) -> int:
     if data["other_hw"] is None:
         conditions = _without_other_cpu(conditions)
     results, setup = [], {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with lifecycle.temp_dir_for("sf-transfer-") as tmp:  # the guard removes it after a kill -9 too
         jobs = []
         for name in [s.strip() for s in args.problems.split(",") if s.strip()]:
             if not [r for r in data["native"].get(name, []) if r["outcome"] in MEASURED]:

@@ -11,7 +11,9 @@ time (a pid alone may name another process a moment later). Three layers end the
    own whose standard input is a pipe only we hold. It keeps the list of adopted processes (and
    their cgroups); when the pipe reads end-of-file, because we exited, were killed with SIGKILL,
    or by the OOM killer, it sends SIGKILL to each one's process group (SIGKILL ends a stopped,
-   frozen worker too) and cgroup, then exits. No thread or signal handler of ours has to run.
+   frozen worker too) and cgroup, removes the temporary directories we registered with it
+   (``temp_dir``: a worker's home, a build's folder), then exits. No thread or signal handler of
+   ours has to run.
 3. **A ledger**, where a run, an evaluation or a tuning session has a store: each adopted process
    with our own pid and start time, recorded through the ``Ledger`` the caller hands ``watch``
    (the store's, evidence/processes.py: this module knows nothing of stores). Should the guard
@@ -29,11 +31,15 @@ import atexit
 import ctypes
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Protocol
@@ -42,13 +48,15 @@ _LOCK = threading.Lock()
 _GUARD: subprocess.Popen | None = None
 _GUARD_PID = None  # the process that started _GUARD (a fork must start its own)
 _ADOPTED: dict[int, tuple] = {}  # pid -> (start time, what, cgroup, in the ledger too)
+_DIRS: set[str] = set()  # temporary directories the guard removes if we die first
 _LEDGERS: list = []  # [ledger, users]: where our processes are recorded
 
-# The guard. Lines on stdin: "+ PID START CGROUP_OR_-" adopts, "- PID START" releases. At EOF
-# every adopted process whose start time still matches is killed with its process group and
-# cgroup. ``-S``: no site import, a few MB.
+# The guard. Lines on stdin: "+ PID START CGROUP_OR_-" adopts, "- PID START" releases, "d PATH"
+# and "r PATH" register and forget a temporary directory. At EOF every adopted process whose
+# start time still matches is killed with its process group and cgroup, then the directories are
+# removed (never through a symbolic link). ``-S``: no site import, a few MB.
 GUARD = r"""
-import os, signal, sys, time
+import os, shutil, signal, sys, time
 def start(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -57,10 +65,15 @@ def start(pid):
         return None
     return fields[19] if len(fields) > 19 and fields[0] not in ("Z", "X") else None
 procs = {}
+dirs = set()
 while True:
     line = sys.stdin.buffer.readline()
     if not line:
         break
+    if line[:2] in (b"d ", b"r "):
+        path = os.fsdecode(line[2:-1])
+        dirs.add(path) if line[:1] == b"d" else dirs.discard(path)
+        continue
     parts = line.decode().split()
     if len(parts) >= 3 and parts[0] == "+":
         procs[(int(parts[1]), parts[2])] = parts[3] if len(parts) > 3 and parts[3] != "-" else None
@@ -89,6 +102,8 @@ for (pid, st), cg in procs.items():
                 break
             except OSError:
                 time.sleep(0.01)
+for d in dirs:
+    shutil.rmtree(d, ignore_errors=True)
 """
 
 
@@ -143,8 +158,10 @@ def _guard_send(line: str) -> None:
         _GUARD_PID = os.getpid()
         for pid, (st, _what, cg, _l) in _ADOPTED.items():  # a restarted guard learns them all again
             _GUARD.stdin.write(f"+ {pid} {st} {cg or '-'}\n".encode())
+        for d in _DIRS:
+            _GUARD.stdin.write(b"d " + os.fsencode(d) + b"\n")
     try:
-        _GUARD.stdin.write(line.encode())
+        _GUARD.stdin.write(os.fsencode(line))
         _GUARD.stdin.flush()
     except (OSError, ValueError):
         pass
@@ -185,6 +202,49 @@ def release(pid: int) -> None:
             ledger.forget(pid, entry[0], boot_id())
         except Exception:
             pass
+
+
+def _forget_in_child() -> None:
+    """A forked child owns none of its parent's processes and directories: its own guard (started
+    on its first adoption) must not end or remove them when the child exits."""
+    global _LOCK
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    _ADOPTED.clear()
+    _DIRS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def temp_dir(prefix: str) -> str:
+    """A new temporary directory (``tempfile.mkdtemp``) that goes when we do: ``remove_dir`` on
+    our own exit paths, the guard where we die without running them (SIGKILL, a SIGTERM we do
+    not catch, the OOM killer). A path with a newline (a TMPDIR holding one) is not registered."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    if "\n" not in path:
+        with _LOCK:
+            _DIRS.add(path)
+            _guard_send(f"d {path}\n")
+    return path
+
+
+def remove_dir(path: str) -> None:
+    """Remove a ``temp_dir`` (whatever is in it) and tell the guard it is gone."""
+    shutil.rmtree(path, ignore_errors=True)
+    with _LOCK:
+        if path in _DIRS:
+            _DIRS.discard(path)
+            _guard_send(f"r {path}\n")
+
+
+@contextmanager
+def temp_dir_for(prefix: str) -> Iterator[str]:
+    """``temp_dir`` for the length of a ``with`` block."""
+    path = temp_dir(prefix)
+    try:
+        yield path
+    finally:
+        remove_dir(path)
 
 
 def adopted() -> dict[int, str]:

@@ -15,10 +15,10 @@ import re
 import resource
 import shutil
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
+from swarmfactory import lifecycle
 from swarmfactory.backends.base import Artifact, Backend, BuildError, CheatError, Language
 from swarmfactory.backends.cstatic import check_assembly, check_preprocessed, check_source
 from swarmfactory.backends.elfcheck import load_time_code
@@ -158,7 +158,7 @@ class CBackend(Backend):
             return Artifact(str(out), symbol, key, cached=True)
         if shutil.which(self.cc) is None:
             raise BuildError(f"C compiler {self.cc!r} not found on PATH (install gcc or set CC)")
-        with tempfile.TemporaryDirectory(prefix="sf-build-") as tmp:
+        with lifecycle.temp_dir_for("sf-build-") as tmp:
             src = Path(tmp) / "kernel.c"
             src.write_text(source)
             tmp_out = Path(tmp) / "kernel.so"

@@ -13,10 +13,10 @@ import hashlib
 import os
 import re
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
+from swarmfactory import lifecycle
 from swarmfactory.backends.base import Artifact, BuildError, Language, MissingTool
 from swarmfactory.backends.c import BUILD_TIMEOUT_S, _limit_compiler, cache_dir
 from swarmfactory.backends.gpu_worker import parse_launch
@@ -60,7 +60,7 @@ class PTXBackend(NvidiaBackend):
         out = cache_dir() / f"ptx-{key}.cubin"
         if out.exists():
             return Artifact(str(out), symbol, key, cached=True, info={"arch": arch, "launch": launch})
-        with tempfile.TemporaryDirectory(prefix="sf-ptx-") as tmp:
+        with lifecycle.temp_dir_for("sf-ptx-") as tmp:
             src = Path(tmp) / "kernel.ptx"
             src.write_text(source)
             tmp_out = Path(tmp) / "kernel.cubin"

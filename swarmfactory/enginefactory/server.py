@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -278,12 +276,12 @@ class ServingRunner:
                                   str(model_path), str(cache)], env=env, capture_output=True, text=True)
             if out.returncode != 0 or not self.reference.exists():
                 raise RunnerError(f"the HF fp32 reference could not be computed: {out.stderr.strip()[-800:]}")
-        self.workdir = Path(tempfile.mkdtemp(prefix="sf-tune-"))
+        self.workdir = Path(lifecycle.temp_dir("sf-tune-"))
 
     def start(self, config: EngineConfig, serve_anyway: bool = False) -> Start:
         return start_design(config, self.reference, self.workdir, serve_anyway=serve_anyway, store_url=self.store_url)
 
     def close(self) -> None:
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            lifecycle.remove_dir(str(self.workdir))
             self.workdir = None

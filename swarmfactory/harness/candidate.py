@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -104,7 +102,7 @@ class CandidateProcess:
         trusted side reads every thread's floating-point control state and the installed
         filters itself (ptrace) where this machine allows it."""
         self.arena, self.symbol = arena, symbol
-        self.tmpdir = tempfile.mkdtemp()
+        self.tmpdir = lifecycle.temp_dir("sf-driver-")
         self.log_path = os.path.join(self.tmpdir, "driver.log")
         self.containment = Containment(self.tmpdir, use_cgroup=contain)
         self.trace = trace and tracer.available()[0]
@@ -396,7 +394,7 @@ class CandidateProcess:
                 os.close(fd)
             except OSError:
                 pass
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        lifecycle.remove_dir(self.tmpdir)
 
     def log_tail(self, n: int = 600) -> str:
         """The end of what the process wrote, with the coordinator's secrets redacted (defence in

@@ -11,10 +11,11 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 import threading
 from functools import cache
 from pathlib import Path
+
+from swarmfactory import lifecycle
 
 DRIVER_SOURCE = Path(__file__).with_name("driver.c")
 
@@ -95,7 +96,7 @@ def syscall_names() -> dict[int, str]:
     if out.exists():
         return {int(k): v for k, v in json.loads(out.read_text()).items()}
     names: dict[int, str] = {}
-    with tempfile.TemporaryDirectory(prefix="sf-sys-") as tmp:
+    with lifecycle.temp_dir_for("sf-sys-") as tmp:
         c, exe = Path(tmp) / "s.c", Path(tmp) / "s"
         c.write_text(src)
         if subprocess.run([CBackend().cc, "-o", str(exe), str(c)], capture_output=True).returncode == 0:

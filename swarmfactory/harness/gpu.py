@@ -34,7 +34,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -71,7 +70,7 @@ class GpuWorker:
     """One candidate process; every request has a deadline and a bounded reply."""
 
     def __init__(self, interpret: bool, mem_gb: float = 16.0):
-        self.tmp = tempfile.mkdtemp(prefix="sf-gpu-")
+        self.tmp = lifecycle.temp_dir("sf-gpu-")
         env = worker_env(self.tmp)
         env.pop("PYTHONPATH", None)  # the worker imports torch and triton, never swarmfactory
         env.update(TRITON_CACHE_DIR=os.path.join(self.tmp, "triton"), OMP_NUM_THREADS="1")
@@ -164,7 +163,7 @@ class GpuWorker:
                 pass
         import shutil
 
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        lifecycle.remove_dir(self.tmp)
 
     def __enter__(self):
         return self

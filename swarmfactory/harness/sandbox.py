@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 from swarmfactory import lifecycle
 from swarmfactory.harness import protocol
@@ -59,7 +57,7 @@ class Worker:
                  isolate_net: bool = True, trusted: bool = False):
         """``trusted``: keep HOME and TMPDIR, so torch.compile's cache persists across runs, and
         allow large files (its precompiled headers); secrets are still stripped."""
-        self.tmpdir = tempfile.mkdtemp(prefix="sf-worker-")
+        self.tmpdir = lifecycle.temp_dir("sf-worker-")
         self.cpus = sorted(cpus) if cpus else sorted(os.sched_getaffinity(0))
         p_in_r, p_in_w = os.pipe()
         p_out_r, p_out_w = os.pipe()
@@ -151,7 +149,7 @@ class Worker:
                 os.close(fd)
             except OSError:
                 pass
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        lifecycle.remove_dir(self.tmpdir)
 
     def __enter__(self):
         return self

@@ -54,6 +54,60 @@ def test_kill_9_of_the_parent_ends_its_frozen_and_running_workers(process_tree):
         proc.kill()
 
 
+# A parent with a worker's home, a build folder and one replaced by a symbolic link to a folder
+# it must not touch; a forked child makes a folder of its own and exits first.
+DIRS_PARENT = textwrap.dedent("""
+    import os, sys, time
+    from swarmfactory import lifecycle
+    from swarmfactory.harness.sandbox import Worker
+    w = Worker(trusted=True)
+    build, swapped = lifecycle.temp_dir("sf-build-"), lifecycle.temp_dir("sf-build-")
+    os.rmdir(swapped)
+    os.symlink(sys.argv[1], swapped)
+    pid = os.fork()
+    if pid == 0:
+        lifecycle.temp_dir("sf-child-")  # its own guard: it must not take the parent's with it
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.5)
+    print(w.tmpdir, build, swapped, int(os.path.isdir(w.tmpdir) and os.path.isdir(build)), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_kill_9_of_the_parent_removes_its_temporary_folders_and_nothing_through_a_link(tmp_path, process_tree):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    proc = subprocess.Popen([sys.executable, "-c", DIRS_PARENT, str(keep)], stdout=subprocess.PIPE, text=True)
+    try:
+        home, build, swapped, alive = proc.stdout.readline().split()
+        assert alive == "1", "a forked child's exit removed its parent's folders"
+        tree = process_tree.descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # no handler, no finally of ours runs
+        proc.wait()
+        assert process_tree.still_alive(tree, within=10) == set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (os.path.exists(home) or os.path.exists(build)):
+            time.sleep(0.05)
+        assert not os.path.exists(home) and not os.path.exists(build)
+        assert (keep / "precious").read_text() == "x"  # the link was not followed
+    finally:
+        proc.kill()
+        if os.path.islink(swapped if "swapped" in locals() else ""):
+            os.unlink(swapped)
+
+
+def test_a_temporary_folder_removed_by_its_owner_is_forgotten_by_the_guard(tmp_path):
+    path = lifecycle.temp_dir("sf-test-")
+    assert os.path.isdir(path) and path in lifecycle._DIRS
+    lifecycle.remove_dir(path)
+    assert not os.path.exists(path) and path not in lifecycle._DIRS
+    with lifecycle.temp_dir_for("sf-test-") as inner:
+        assert os.path.isdir(inner)
+    assert not os.path.exists(inner)
+
+
 def test_what_the_guard_missed_is_ended_from_the_store_by_pid_and_start_time(tmp_path, process_tree):
     db = str(tmp_path / "e.db")
     Store(db)
