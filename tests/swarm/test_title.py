@@ -63,6 +63,29 @@ def test_a_faster_quiet_measurement_takes_the_title_and_a_smaller_one_does_not(w
     assert store.champion(p).speedup == 3.0
 
 
+def test_a_challenger_takes_the_title_only_when_a_fresh_remeasure_confirms_it(world):
+    store, p = world
+    a, b, c, d = (kernel(p, i) for i in range(1, 5))
+    again = remeasurer(store, p, {a["id"]: (Outcome.FASTER, 1.8, QUIET),
+                                  b["id"]: (Outcome.NOT_FASTER, 0.95, QUIET),  # the first figure was noise
+                                  c["id"]: (Outcome.FASTER, 1.7, QUIET),       # faster, not above the title
+                                  d["id"]: (Outcome.FASTER, 2.4, LOUD)})       # measured busy: settles nothing
+    first = contend(store, p, record(store, p, a, Outcome.FASTER, 2.0), remeasure=again)
+    champ = store.champion(p)
+    assert first.crowned == a["id"] and champ.candidate_id == a["id"]
+    assert champ.speedup == 1.8 and store.evaluation(champ.evaluation_id).purpose == "remeasure"
+    assert "confirmed by a fresh re-measure: 1.80x" in store.champion_history(p.name)[-1].reason
+    for k, s in ((b, 2.5), (c, 3.0), (d, 2.2)):
+        got = contend(store, p, record(store, p, k, Outcome.FASTER, s), remeasure=again)
+        assert got.crowned is None and "not crowned" in got.change
+        assert store.champion(p).candidate_id == a["id"] and store.champion(p).speedup == 1.8
+    assert again.asked == [a["id"], b["id"], c["id"], d["id"]]
+    assert len(store.champion_history(p.name)) == 1  # a refused challenger writes no title row
+    # not faster than the title: nothing to confirm, no re-measure spent
+    assert contend(store, p, record(store, p, kernel(p, 9), Outcome.FASTER, 1.5), remeasure=again).change is None
+    assert len(again.asked) == 4
+
+
 def test_busy_or_inconclusive_measurements_never_take_the_title(world):
     store, p = world
     a, b = kernel(p, 1), kernel(p, 2)
