@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import random
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from swarmfactory.evidence.quality import weight
 from swarmfactory.evidence.rows import CandidateRow
 from swarmfactory.evidence.store import Store, StoreWriteError
 from swarmfactory.harness.evaluate import Harness, HarnessConfig
-from swarmfactory.outcome import CORRECT, Outcome, Verdict
+from swarmfactory.outcome import CORRECT, MEASURED, Outcome, Verdict
 from swarmfactory.knowledge.analyst import Analyst
 from swarmfactory.knowledge.costmodel import evidence_rows
 from swarmfactory.knowledge.priors import Knowledge, knowledge_for
@@ -59,6 +60,7 @@ RETRIES = 2              # an inconclusive candidate is measured again at most t
 RETRY_AFTER_S = 20.0     # ... and not before this long after its inconclusive verdict
 PROPOSALS_PER_ASK = 3    # ask for a few, so one duplicate does not cost the agent its turn
 ANALYST_EVERY = 10       # evaluations of a problem between analyst passes (also at the start and the end)
+DURATIONS_KEPT = 8       # an evaluation's expected duration: the median of a problem's last this many
 ORPHANS_EVERY = 5.0      # seconds between looks for expired leases of dead coordinators to take over
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class ProblemState:
     # candidates whose verdict was ``inconclusive`` (the machine too busy to time them): measured
     # again once their time comes (monotonic seconds), at most ``RETRIES`` times each
     retry: list[tuple[float, Proposal, str, int]] = field(default_factory=list)
+    # seconds its measured evaluations took on this machine: the last ones recorded here, then this run's
+    seconds: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -193,6 +197,8 @@ class Coordinator(Factory):
                 if ev.validation_version == vversion:
                     st.seen.add(ev.candidate_id)
                 cand = self.store.candidate(ev.candidate_id)
+                if ev.seconds and ev.outcome in MEASURED:  # a rejection ends early: not what a keeper costs
+                    st.seconds = (st.seconds + [ev.seconds])[-DURATIONS_KEPT:]
                 if cand is not None and ev.purpose in ("search", "eval"):
                     st.entries.append(self._entry(cand, ev.outcome.value, ev.speedup, ev.detail,
                                                   weight(ev.speedup, ev.ci_low, ev.ci_high, ev.evidence)))
@@ -376,6 +382,8 @@ class Coordinator(Factory):
         st = job.st
         self._in_flight -= 1
         self._done += 1
+        if verdict.seconds and verdict.outcome in MEASURED:
+            st.seconds = (st.seconds + [verdict.seconds])[-DURATIONS_KEPT:]
         st.pending.pop(job.cid, None)
         if job.attempts > 1:
             verdict.evidence["lease"] = f"taken over after {job.attempts - 1} expired lease(s)"
@@ -393,6 +401,18 @@ class Coordinator(Factory):
 
     def thinking(self) -> bool:  # an agent is answering, or an inconclusive candidate waits its turn
         return any(a.busy() for a in self.agents.values()) or any(s.retry for s in self.states.values())
+
+    def expected_seconds(self) -> float | None:
+        """The next evaluation's expected seconds: the longest of the problems' median durations
+        (of their last evaluations here, this run's included); None while one is unknown."""
+        meds = []
+        for st in self.states.values():
+            if st.exhausted:
+                continue
+            if not st.seconds:
+                return None
+            meds.append(statistics.median(st.seconds))
+        return max(meds) if meds else None
 
     def finished(self) -> bool:
         if any(s.retry for s in self.states.values()):

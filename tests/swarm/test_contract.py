@@ -85,6 +85,28 @@ def test_deadline_stops_new_work_and_waits_for_what_is_in_flight():
     assert set(f.completed) == set(f.submitted) and 2 <= len(f.completed) < 30
 
 
+def test_with_a_deadline_an_evaluation_starts_only_where_it_is_expected_to_end_in_time():
+    """While no evaluation has ended its duration is unknown: one at a time. Then one starts only
+    where now + its expected seconds is within the deadline, so the run ends before it, not an
+    evaluation (five minutes for a K-quant matmul) past it."""
+    class Timed(Numbers):
+        def expected_seconds(self):
+            return self.delay if self.completed else None
+
+        def submit(self, p):
+            self.at.append((time.monotonic(), len(self.completed)))
+            return super().submit(p)
+
+    with ThreadPoolExecutor(2) as pool:
+        f = Timed(range(100), pool=pool, delay=0.5)
+        f.at = []
+        deadline = time.monotonic() + 1.3
+        drive(f, parallel=2, deadline=deadline)
+    assert f.at[0][1] == 0 and all(done >= 1 for _, done in f.at[1:])  # the second waited for the first
+    assert all(t + f.delay <= deadline for t, _ in f.at[1:])
+    assert 1 <= len(f.completed) <= 3 and set(f.completed) == set(f.submitted)  # without the estimate: 6
+
+
 def test_an_evaluator_exception_is_that_candidates_crash_and_refused_ones_are_skipped():
     with ThreadPoolExecutor(2) as pool:
         f = Numbers([1, 2, 3, 4], pool=pool, fail={2}, refuse={3})
