@@ -26,6 +26,7 @@ the tune run. The dashboard lists it with its children.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,17 +78,18 @@ class OptimizeConfig:
         return cls(**d)
 
 
-def split(budget: float, weights: dict[str, float], floor: float = MIN_RUN_S) -> dict[str, float]:
-    """``budget`` seconds split in proportion to ``weights``, no slice under ``floor``: the
-    smallest weights are dropped until every slice left is at least ``floor``."""
+def split(budget: float, weights: dict[str, float], floor: float = MIN_RUN_S,
+          floors: dict[str, float] | None = None) -> dict[str, float]:
+    """``budget`` seconds split in proportion to ``weights``, no slice under its floor (``floors``
+    per key, else ``floor``): the smallest slice under its floor is dropped until none is."""
     live = {k: w for k, w in weights.items() if w > 0}
     while live:
         total = sum(live.values())
         out = {k: budget * w / total for k, w in live.items()}
-        small = min(out, key=out.get)
-        if out[small] >= floor:
+        under = [k for k in out if out[k] < max(floor, (floors or {}).get(k, 0.0))]
+        if not under:
             return out
-        del live[small]
+        del live[min(under, key=out.get)]
     return {}
 
 
@@ -213,15 +215,28 @@ class Optimizer:
         champ = self.store.champion(load_problem(name))
         return champ.speedup if champ is not None and champ.speedup else None
 
+    def _evaluation_seconds(self, name: str) -> float:
+        """The median seconds of ``name``'s last measured evaluations on this machine (0: none)."""
+        from swarmfactory.outcome import MEASURED
+
+        took = [e.seconds for e in self.store.evaluations(problem=name, this_hardware=True)
+                if e.seconds and e.outcome in MEASURED][-8:]
+        return statistics.median(took) if took else 0.0
+
     def _kernels(self) -> None:
         budget = self.cfg.time_s * self.cfg.kernel_share
         for n, frac in enumerate(PASS_SHARE, start=1):
             if not any(r["pass"] == n for r in self.state.runs):
                 weights = {p["name"]: p["share"] / (self._speedup(p["name"]) or 1.0) for p in self.state.problems}
-                slices = split(budget * frac, weights, self.cfg.min_run_s)
+                # a slice shorter than one evaluation here would run past its time: the others take it
+                took = {k: self._evaluation_seconds(k) for k in weights}
+                slices = split(budget * frac, weights, self.cfg.min_run_s, took)
                 if not slices:
                     self.log(f"pass {n}: {budget * frac:.0f} s is too little for a kernel run of "
                              f"{self.cfg.min_run_s:.0f} s")
+                for k in weights.keys() - slices.keys():
+                    if took[k] > self.cfg.min_run_s:
+                        self.log(f"pass {n}: {k} left out: one evaluation takes about {took[k]:.0f} s here")
                 self.state.runs += [{"problem": k, "pass": n, "budget_s": round(v, 1), "run_id": None,
                                      "status": "planned"} for k, v in slices.items()]
                 self._save()

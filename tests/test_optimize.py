@@ -42,6 +42,10 @@ def test_the_time_goes_by_share_and_no_slice_is_too_short_to_do_anything():
     assert split(100, {"a": 3, "b": 1}, floor=30) == {"a": 100}  # b's 25 s go to a
     assert split(10, {"a": 3, "b": 1}, floor=30) == {}
     assert split(100, {"a": 1, "b": 0}, floor=1) == {"a": 100}
+    # a problem whose evaluations take 300 s here does not get an 83 s slice: the others take it
+    assert split(400, {"a": 3, "b": 1}, floor=30, floors={"b": 300}) == {"a": 400}
+    assert split(400, {"a": 1, "b": 3}, floor=30, floors={"a": 300}) == {"b": 400}
+    assert split(1200, {"a": 3, "b": 1}, floor=30, floors={"b": 300}) == {"a": 900, "b": 300}
     with pytest.raises(OptimizeError, match="kernel-share"):
         OptimizeConfig(model="m", kernel_share=1.5)
 
