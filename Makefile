@@ -44,7 +44,7 @@ test-masked: $(STAMP)
 	$(MASK_AVX2) $(BIN)/python -m pytest -q $(MASKED_TESTS) $(PYTEST_ARGS)
 
 bench-kernels: $(STAMP)
-	$(BIN)/python benchmarks/kernels.py
+	$(BIN)/python benchmarks/template_kernels.py
 
 clean:
 	rm -rf $(VENV) .swarmfactory build *.egg-info

@@ -4,7 +4,11 @@ Prints one row per workload shape: baseline (the faster of eager and torch.compi
 measurement), eager reference and kernel times, speedups with 95% bootstrap CIs, and the fraction
 of this machine's roofline the kernel reaches. Writes the same as JSON.
 
-    .venv/bin/python benchmarks/kernels.py [--problems all] [--no-compile] [--json out.json]
+    .venv/bin/python benchmarks/template_kernels.py [--problems all] [--no-compile] [--json out.json]
+
+(Not ``kernels.py``: a script's folder comes first on ``sys.path``, and transformers imports a
+package named ``kernels`` wherever it finds one, so ``engine_vs_peers.py`` failed loading the HF
+model.)
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", default="all")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true", help="eager baselines only")
-    ap.add_argument("--json", default="benchmarks/kernels.json")
+    ap.add_argument("--json", default="benchmarks/template_kernels.json")
     args = ap.parse_args(argv)
     console = Console(width=200)
     harness = Harness(HarnessConfig(rounds=args.rounds, compile_baselines=not args.no_compile))
