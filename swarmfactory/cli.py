@@ -636,11 +636,11 @@ def optimize_cmd(
         print(json.dumps(summary))
         return
     t = Table(title=f"optimize run {opt.run_id}: {Path(opt.cfg.model).name}")
-    for col in ("problem", "est. share", "champion vs baseline", "kernel time"):
+    for col in ("problem", "est. share", "champion vs baseline", "kernel time (budget)"):
         t.add_column(col, overflow="fold")
     for p in summary["problems"]:
         t.add_row(p["name"], f"{100 * p['share']:.1f}%", _fmt(p["speedup"], ".2f") + ("x" if p["speedup"] else ""),
-                  f"{p['seconds']:.0f} s")
+                  f"{p['seconds']:.0f} s ({p['budget_s']:.0f} s)")
     _print_table(t)
     out.print("stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items()))
     eng = summary.get("engine")

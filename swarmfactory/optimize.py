@@ -101,7 +101,8 @@ class _State:
     stage: str = "derive"
     derivation: dict | None = None
     problems: list[dict] = field(default_factory=list)  # {"name", "share"} in the order taken
-    runs: list[dict] = field(default_factory=list)  # {"problem", "pass", "budget_s", "run_id", "status"}
+    # {"problem", "pass", "budget_s", "run_id", "status", "seconds" (what it took)}
+    runs: list[dict] = field(default_factory=list)
     tune_run: str | None = None
     tune_status: str | None = None
     seconds: dict = field(default_factory=dict)  # stage -> wall seconds spent (over every session)
@@ -260,7 +261,11 @@ class Optimizer:
         else:
             coord = prepare_run(r["problem"], self.store, progress=progress, time_s=r["budget_s"],
                                 agents=self.cfg.agents, seed=self.cfg.seed)
-        coord.run()
+        t0 = time.monotonic()
+        try:
+            coord.run()
+        finally:  # what it took, over every session (a kernel run may overrun its slice by an evaluation)
+            r["seconds"] = round(r.get("seconds", 0.0) + time.monotonic() - t0, 1)
         r["status"], r["speedup"] = "finished", self._speedup(r["problem"])
         self._save()
         x = lambda v: "none" if v is None else f"{v:.2f}x its baseline"  # noqa: E731
@@ -308,7 +313,8 @@ class Optimizer:
         for p in s.problems:
             runs = [r for r in s.runs if r["problem"] == p["name"]]
             out["problems"].append({"name": p["name"], "share": p["share"], "speedup": self._speedup(p["name"]),
-                                    "seconds": sum(r["budget_s"] for r in runs),
+                                    "budget_s": sum(r["budget_s"] for r in runs),
+                                    "seconds": sum(r.get("seconds", 0.0) for r in runs),
                                     "runs": [r["run_id"] for r in runs if r["run_id"]]})
         tuner = getattr(self, "tuner", None)
         if tuner is not None and tuner.default is not None:
