@@ -105,6 +105,7 @@ class SlotGroup:
         self.donor_sets: list[dict[str, tuple[Buffer, np.ndarray]]] = []
         self.full, self.rows = mutation_plan(problem, shape) if draws else (set(), {})
         self.fresh: dict[tuple, np.ndarray] = {}  # values for probes into donors (sampling.py)
+        self.fresh_draws: dict[int, tuple[dict, int]] = {}  # per donor kind: a draw and the refreshes it served
         for draw in draws:
             kept = {}
             for a in problem.args:
