@@ -101,7 +101,8 @@ class _State:
     stage: str = "derive"
     derivation: dict | None = None
     problems: list[dict] = field(default_factory=list)  # {"name", "share"} in the order taken
-    # {"problem", "pass", "budget_s", "run_id", "status", "seconds" (what it took)}
+    # {"problem", "pass", "budget_s", "run_id", "status" (planned, running, finished, skipped),
+    #  "seconds" (what it took)}
     runs: list[dict] = field(default_factory=list)
     tune_run: str | None = None
     tune_status: str | None = None
@@ -241,8 +242,27 @@ class Optimizer:
                 self.state.runs += [{"problem": k, "pass": n, "budget_s": round(v, 1), "run_id": None,
                                      "status": "planned"} for k, v in slices.items()]
                 self._save()
-            for r in (r for r in self.state.runs if r["pass"] == n and r["status"] != "finished"):
+            for r in (r for r in self.state.runs if r["pass"] == n and r["status"] not in ("finished", "skipped")):
+                if r["run_id"] is None and not self._fits(r, budget):
+                    continue
                 self._kernel_run(r)
+
+    def _fits(self, r: dict, budget: float) -> bool:
+        """Whether planned run ``r`` still fits in the kernel stage's time, what the runs before it
+        took counted (a run may overrun its slice by an evaluation): shrunk to what is left, or
+        skipped where that is under ``--min-kernel-run`` or one evaluation of its problem here.
+        The engine stage keeps its share."""
+        left = budget - sum(x.get("seconds", 0.0) for x in self.state.runs)
+        need = max(self.cfg.min_run_s, self._evaluation_seconds(r["problem"]))
+        if left < need:
+            r["status"] = "skipped"
+            self._save()
+            self.log(f"pass {r['pass']}: {r['problem']} skipped: {max(left, 0.0):.0f} s of the kernel stage's "
+                     f"{budget:.0f} s are left, a run here needs {need:.0f} s")
+            return False
+        if left < r["budget_s"]:
+            r["budget_s"] = round(left, 1)
+        return True
 
     def _kernel_run(self, r: dict) -> None:
         from swarmfactory.api import prepare_run

@@ -50,6 +50,32 @@ def test_the_time_goes_by_share_and_no_slice_is_too_short_to_do_anything():
         OptimizeConfig(model="m", kernel_share=1.5)
 
 
+def test_a_kernel_stage_that_overran_leaves_the_engine_stage_its_time(tmp_path):
+    """Planned kernel runs shrink to what the stage has left after the runs before them (which
+    may each overrun their slice by an evaluation) and are skipped, saying so, below a run's
+    minimum: the engine stage keeps its share (an optimize of Gemma spent 2577 s on 1440 s of
+    kernel slices and left the tune its 120 s minimum)."""
+    from swarmfactory.evidence.store import Store
+    from swarmfactory.optimize import Optimizer
+
+    m = tmp_path / "m.gguf"
+    m.write_bytes(b"GGUF")
+    lines: list[str] = []
+    with Store(str(tmp_path / "e.db")) as st:
+        opt = Optimizer(OptimizeConfig(model=str(m), time_s=1000, min_run_s=60), st, log=lines.append)
+        opt.run_id = st.create_run(opt.state.to_dict())
+        done = {"problem": "a", "pass": 1, "budget_s": 300, "run_id": "r1", "status": "finished", "seconds": 450}
+        shrunk = {"problem": "b", "pass": 2, "budget_s": 200, "run_id": None, "status": "planned"}
+        skipped = {"problem": "c", "pass": 2, "budget_s": 100, "run_id": None, "status": "planned"}
+        opt.state.runs = [done, shrunk, skipped]
+        assert opt._fits(shrunk, 600) and shrunk["budget_s"] == 150  # 600 s less the 450 s taken
+        shrunk["seconds"] = 110
+        assert not opt._fits(skipped, 600) and skipped["status"] == "skipped"
+        assert "c skipped: 40 s of the kernel stage's 600 s are left" in lines[-1]
+        saved = st.run(opt.run_id).config["runs"]
+        assert [r["status"] for r in saved] == ["finished", "planned", "skipped"]
+
+
 def test_what_cannot_run_is_one_line(tmp_path, model):
     r = _sf(tmp_path, "optimize", "--store", tmp_path / "e.db")
     assert r.returncode == 2 and "MODEL.gguf, or --resume" in r.stderr
