@@ -218,11 +218,13 @@ class Optimizer:
         return champ.speedup if champ is not None and champ.speedup else None
 
     def _evaluation_seconds(self, name: str) -> float:
-        """The median seconds of ``name``'s last measured evaluations on this machine (0: none)."""
+        """The median seconds of ``name``'s last measured evaluations on this machine (0: none), as
+        its kernel runs expect one to take (``Coordinator.expected_seconds``)."""
         from swarmfactory.outcome import MEASURED
+        from swarmfactory.swarm.coordinator import DURATIONS_KEPT
 
         took = [e.seconds for e in self.store.evaluations(problem=name, this_hardware=True)
-                if e.seconds and e.outcome in MEASURED][-8:]
+                if e.seconds and e.outcome in MEASURED][-DURATIONS_KEPT:]
         return statistics.median(took) if took else 0.0
 
     def _kernels(self) -> None:

@@ -161,8 +161,6 @@ class GpuWorker:
                 os.close(fd)
             except OSError:
                 pass
-        import shutil
-
         lifecycle.remove_dir(self.tmp)
 
     def __enter__(self):
