@@ -102,7 +102,7 @@ class CandidateProcess:
         trusted side reads every thread's floating-point control state and the installed
         filters itself (ptrace) where this machine allows it."""
         self.arena, self.symbol = arena, symbol
-        self.tmpdir = lifecycle.temp_dir("sf-driver-")
+        self.tmpdir = lifecycle.temp_dir("tmp")  # mkdtemp's own prefix: the name gives nothing away
         self.log_path = os.path.join(self.tmpdir, "driver.log")
         self.containment = Containment(self.tmpdir, use_cgroup=contain)
         self.trace = trace and tracer.available()[0]

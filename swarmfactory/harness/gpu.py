@@ -70,7 +70,7 @@ class GpuWorker:
     """One candidate process; every request has a deadline and a bounded reply."""
 
     def __init__(self, interpret: bool, mem_gb: float = 16.0):
-        self.tmp = lifecycle.temp_dir("sf-gpu-")
+        self.tmp = lifecycle.temp_dir("tmp")  # the candidate's TMPDIR: a name that gives nothing away
         env = worker_env(self.tmp)
         env.pop("PYTHONPATH", None)  # the worker imports torch and triton, never swarmfactory
         env.update(TRITON_CACHE_DIR=os.path.join(self.tmp, "triton"), OMP_NUM_THREADS="1")
