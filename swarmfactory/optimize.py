@@ -26,7 +26,6 @@ the tune run. The dashboard lists it with its children.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -220,12 +219,9 @@ class Optimizer:
     def _evaluation_seconds(self, name: str) -> float:
         """The median seconds of ``name``'s last measured evaluations on this machine (0: none), as
         its kernel runs expect one to take (``Coordinator.expected_seconds``)."""
-        from swarmfactory.outcome import MEASURED
-        from swarmfactory.swarm.coordinator import DURATIONS_KEPT
+        from swarmfactory.swarm.coordinator import typical_seconds
 
-        took = [e.seconds for e in self.store.evaluations(problem=name, this_hardware=True)
-                if e.seconds and e.outcome in MEASURED][-DURATIONS_KEPT:]
-        return statistics.median(took) if took else 0.0
+        return typical_seconds(self.store.evaluations(problem=name, this_hardware=True)) or 0.0
 
     def _kernels(self) -> None:
         budget = self.cfg.time_s * self.cfg.kernel_share

@@ -66,6 +66,20 @@ ORPHANS_EVERY = 5.0      # seconds between looks for expired leases of dead coor
 log = logging.getLogger(__name__)
 
 
+def kept_durations(kept: list[float], outcome, seconds: float | None) -> list[float]:
+    """``kept`` with one more evaluation's seconds where it was measured (a rejection ends early:
+    not what a keeper costs), the last ``DURATIONS_KEPT``: what an evaluation is expected to take."""
+    return (kept + [seconds])[-DURATIONS_KEPT:] if seconds and outcome in MEASURED else kept
+
+
+def typical_seconds(evaluations) -> float | None:
+    """The median of ``kept_durations`` over recorded evaluations, oldest first (None: none measured)."""
+    kept: list[float] = []
+    for e in evaluations:
+        kept = kept_durations(kept, e.outcome, e.seconds)
+    return statistics.median(kept) if kept else None
+
+
 class RunError(ValueError):
     """A run that cannot start or resume; the message says why."""
 
@@ -197,8 +211,7 @@ class Coordinator(Factory):
                 if ev.validation_version == vversion:
                     st.seen.add(ev.candidate_id)
                 cand = self.store.candidate(ev.candidate_id)
-                if ev.seconds and ev.outcome in MEASURED:  # a rejection ends early: not what a keeper costs
-                    st.seconds = (st.seconds + [ev.seconds])[-DURATIONS_KEPT:]
+                st.seconds = kept_durations(st.seconds, ev.outcome, ev.seconds)
                 if cand is not None and ev.purpose in ("search", "eval"):
                     st.entries.append(self._entry(cand, ev.outcome.value, ev.speedup, ev.detail,
                                                   weight(ev.speedup, ev.ci_low, ev.ci_high, ev.evidence)))
@@ -382,8 +395,7 @@ class Coordinator(Factory):
         st = job.st
         self._in_flight -= 1
         self._done += 1
-        if verdict.seconds and verdict.outcome in MEASURED:
-            st.seconds = (st.seconds + [verdict.seconds])[-DURATIONS_KEPT:]
+        st.seconds = kept_durations(st.seconds, verdict.outcome, verdict.seconds)
         st.pending.pop(job.cid, None)
         if job.attempts > 1:
             verdict.evidence["lease"] = f"taken over after {job.attempts - 1} expired lease(s)"
