@@ -68,6 +68,10 @@ typedef struct SfExt {
 enum { WRONG_OUTPUT = 1, CHANGED_INPUTS = 2, WROTE_PAST_OUTPUT = 3 };
 
 #define EXT_GUARD 16 /* floats after a call's outputs that it must leave as they were */
+/* An audited output's tolerance: the problem's, atol + rtol |y|, plus EXT_AUDIT_SCALE times the
+ * magnitude of its terms (each library bounds them for its blocks): fp32 sums of the terms in
+ * another order (a kernel's legitimate choice) differ by ~1e-6 of that. */
+#define EXT_AUDIT_SCALE 1e-5f
 
 static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -315,15 +315,6 @@ static void matmul_groups(const Mat *W, const Act *a, int64_t B, int64_t g0, int
  * guard zone. */
 #define MV_SCRATCH(max_b) ((int64_t)(max_b) * ROWS * 66 + 16)
 
-/* Recompute one row group g of the call (rows r0.. of W, n of them, outputs in out[b * n + i])
- * with matmul_groups and compare; 0 if every output is within the tolerance, else records the
- * first mismatch in e (once) and returns 1. The tolerance: the problem's, atol + rtol * |y|,
- * plus AUDIT_SCALE times the output's magnitude bound sum_j |d_w xd| 15 sum|xq| + |m_w xs|
- * (per block j): on real activations the terms of an output reach far beyond it, and fp32
- * sums of them in another order (a kernel's legitimate choice) differ by ~1e-6 of that. */
-#define AUDIT_SCALE 1e-5f
-
-
 /* A keyed hash of the call's inputs (the B rows of quantised activations, scales and offset
  * terms): the same before and after every call, or the kernel wrote to its inputs (which the
  * other threads' calls share). Keyed with the secret seed, so a change cannot be made to hash
@@ -345,7 +336,11 @@ static uint64_t act_hash(const Ext *e, const Act *a, int64_t B, int64_t K) {
     return h;
 }
 
-
+/* Recompute one row group g of the call (rows r0.. of W, n of them, outputs in out[b * n + i])
+ * with matmul_groups and compare; 0 if every output is within the tolerance, else records the
+ * first mismatch in e (once) and returns 1. The tolerance: the problem's, atol + rtol * |y|,
+ * plus EXT_AUDIT_SCALE (common.c) times the output's magnitude bound sum_j |d_w xd| 15 sum|xq|
+ * + |m_w xs| (per block j): on real activations the terms of an output reach far beyond it. */
 static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g, int64_t r0, int64_t n,
                        const float *out, float *ref, float *bound) {
     const int64_t nb = W->cols / 32, rec = nb * REC_Q4, row0 = ROWS * g;
@@ -373,9 +368,9 @@ static int audit_group(Ext *e, const Mat *W, const Act *a, int64_t B, int64_t g,
     for (int64_t b = 0; b < B; b++)
         for (int64_t r = 0; r < one.rows; r++) {
             const float got = out[b * n + row0 - r0 + r], want = ref[b * ROWS + r];
-            const float tol = e->atol + e->rtol * fabsf(want) + AUDIT_SCALE * bound[b * ROWS + r];
+            const float tol = e->atol + e->rtol * fabsf(want) + EXT_AUDIT_SCALE * bound[b * ROWS + r];
             if (!(fabsf(got - want) <= tol)) { /* NaN fails too */
-                ext_fail(e, WRONG_OUTPUT, n, W->cols, B, row0 + r, b, got, want, AUDIT_SCALE * bound[b * ROWS + r]);
+                ext_fail(e, WRONG_OUTPUT, n, W->cols, B, row0 + r, b, got, want, EXT_AUDIT_SCALE * bound[b * ROWS + r]);
                 return 1;
             }
         }

@@ -645,11 +645,9 @@ static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64
 /* external kernels (QExt)                                                                   */
 
 #define EXT_ROWS 256      /* weight rows per call of an external kernel, at most */
-/* The audit's tolerance: the problem's, atol + rtol |y|, plus EXT_AUDIT_SCALE times the output's
- * magnitude bound sum_j |d_w xd| umax sum |xq| + |m_w xs| (umax: the largest |weight quant|):
- * an fp32 sum of the terms in another order (a kernel's legitimate choice) differs by ~1e-6 of
- * that. */
-#define EXT_AUDIT_SCALE 1e-5f
+/* The audit's tolerance: the problem's, atol + rtol |y|, plus EXT_AUDIT_SCALE (common.c) times
+ * the output's magnitude bound sum_j |d_w xd| umax sum |xq| + |m_w xs| (umax: the largest
+ * |weight quant|). */
 
 static inline int qx_active(const QPart *P) {
     return P->ext && P->ext->fn && !__atomic_load_n(&P->ext->bad, __ATOMIC_RELAXED);
