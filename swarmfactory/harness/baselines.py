@@ -6,6 +6,15 @@ measurement CPUs (1, powers of two, all of them). The fastest median per workloa
 *the* baseline for that shape and is recorded, settings included, with the hardware it was
 measured on.
 
+A choice is made from a few samples on one input set with warm caches; in a measurement's
+rounds the inputs rotate, and the order of close contenders can change (a dequantise-then-matmul
+chosen at 262 us read 504 us in the rounds of the same evening, where the engine's own kernel it
+had beaten by a few percent held its figure; identical code then read 1.3-1.7x faster than
+"the baseline"). So the chosen baseline is not the yardstick alone: its ``rivals`` (the other
+contenders within ``RIVAL_RATIO`` of it when chosen, and always the engine's own kernel, which is
+what a kernel must beat) are timed beside it in every round, and each round's yardstick is the
+fastest of them (``verdicts.yardstick_times``).
+
 Workers are kept for reuse across evaluations, within a budget: one worker per (problem,
 baseline) serves every mode and thread count (a torch import is most of a worker's memory), and
 the pool holds at most ``max_workers`` workers and ``max_bytes`` resident bytes, sized from the
@@ -27,6 +36,8 @@ from swarmfactory.harness.verify import CASES, compare, slot_key
 from swarmfactory.problems.spec import Case, Problem
 
 EAGER_REFERENCE = "eager-reference"
+RIVAL_RATIO = 2.0   # a contender this many times slower than the chosen one when chosen is no rival
+MAX_RIVALS = 2      # rivals timed beside the chosen baseline in every round, at most
 
 
 def thread_counts(cpus: int, most: int | None = None) -> list[int]:
@@ -195,3 +206,26 @@ class BaselinePool:
             self.workers.clear()
             self.handles.clear()
             self.held.clear()
+
+
+def rivals(choice: dict, ratio: float = RIVAL_RATIO, most: int = MAX_RIVALS) -> list[dict]:
+    """The contenders timed beside the chosen baseline in every round (``choice["all"]``, the
+    record ``BaselinePool.choose`` made): per other baseline or mode, its fastest thread count
+    that ran within tolerance, where it was within ``ratio`` of the chosen one's figure or runs the
+    engine's own code (``native``); the engine's first, then the fastest, at most ``most``. The
+    chosen one's own one-thread runner is not among them (``rounds.SINGLE`` times it where the
+    chosen one runs on several threads)."""
+    best = choice.get("us")
+    picked: dict[tuple, dict] = {}
+    for r in choice.get("all") or []:
+        if "us" not in r or not r.get("within_tolerance", True):
+            continue
+        if r["name"] == choice["name"] and r["mode"] == choice["mode"]:
+            continue  # the chosen one itself, at another thread count: SINGLE covers one thread
+        if not (r.get("native") or (best and r["us"] <= ratio * best)):
+            continue
+        key = (r["name"], r["mode"])
+        if key not in picked or r["us"] < picked[key]["us"]:
+            picked[key] = r
+    ordered = sorted(picked.values(), key=lambda r: (not r.get("native"), r["us"]))
+    return [{k: r[k] for k in ("name", "mode", "threads", "us", "native") if k in r} for r in ordered[:most]]

@@ -33,13 +33,13 @@ from swarmfactory.backends import Backend, BuildError, CheatError, MissingTool, 
 from swarmfactory.backends.base import Artifact
 from swarmfactory.evidence.processes import ProcessLedger
 from swarmfactory.harness.arena import Arena
-from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool
+from swarmfactory.harness.baselines import EAGER_REFERENCE, BaselinePool, rivals
 from swarmfactory.harness.candidate import CandidateProcess
 from swarmfactory.outcome import Outcome, Rejected, Verdict
 from swarmfactory.harness.roofline import known_or_measured, remeasure
 from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
-from swarmfactory.harness.rounds import SINGLE, run_rounds
+from swarmfactory.harness.rounds import RIVAL, SINGLE, run_rounds
 from swarmfactory.harness.timing import calibrate
 from swarmfactory.harness.verdicts import OBJECTIVES, between_spread, decide, min_clean_rounds
 from swarmfactory.harness.verify import slot_key, verify
@@ -390,13 +390,24 @@ class Harness:
         # op's time, for a few rounds at a time, with nothing else running), and a stalled
         # yardstick must never make a candidate look faster than one thread of the same code
         single = (choice.get("threads") or 1) > 1
+        # the chosen baseline's rivals are timed beside it in every round too, and each round's
+        # yardstick is the fastest runner (baselines.rivals): a choice made from a few warm samples
+        # can be the slower of two close contenders once the inputs rotate
+        runners = {"baseline": choice, **({SINGLE: {**choice, "threads": 1}} if single else {}),
+                   **{f"{RIVAL}{k + 1}": r for k, r in enumerate(rivals(choice))}}
+        left_out: dict[str, str] = {}
         for j, slot in enumerate(slots):
             inputs = group.inputs(j)
-            workers["baseline"] = self.baselines.set_inputs(problem, choice["name"], choice["mode"], slot,
-                                                            inputs, shape, choice.get("threads"))
-            if single:
-                workers[SINGLE] = self.baselines.set_inputs(problem, choice["name"], choice["mode"], slot,
-                                                            inputs, shape, 1)
+            for name, r in list(runners.items()):
+                try:
+                    workers[name] = self.baselines.set_inputs(problem, r["name"], r["mode"], slot, inputs,
+                                                              shape, r.get("threads"))
+                except Exception as exc:
+                    if name == "baseline":
+                        raise
+                    runners.pop(name)  # a rival that fails here is left out, said; the chosen one stands
+                    workers.pop(name, None)
+                    left_out[_baseline_label(r)] = str(exc)[:300]
             workers["reference"] = self.baselines.set_inputs(problem, EAGER_REFERENCE, "eager", slot,
                                                              inputs, shape, choice.get("threads"))
         iters = {}
@@ -406,12 +417,14 @@ class Harness:
                 iters[name] = calibrate(w, slots, cfg.min_sample_ms * 1e6, timeout, f"measure ({name})")
             finally:
                 w.freeze()
+        # a native baseline's calls run in a C loop: no Python dispatch to take off
+        dispatch = {name: None if workers[name].native else self._dispatch_ns(workers[name], timeout)
+                    for name in runners}
         return {"shape": dict(shape), "group": group, "mode": mode, "slots": slots, "choice": choice,
-                "per_call": per_call, "window_s": window_ns * 1e-9,
-                # a native baseline's calls run in a C loop: no Python dispatch to take off
-                "dispatch_ns": None if workers["baseline"].native else self._dispatch_ns(workers["baseline"], timeout),
+                "runners": runners, "rivals_left_out": left_out, "per_call": per_call, "window_s": window_ns * 1e-9,
+                "dispatch_ns": dispatch["baseline"], "dispatch": dispatch,
                 "workers": workers, "iters": iters,
-                "times": {"candidate": [], "baseline": [], "reference": [], **({SINGLE: []} if single else {})}}
+                "times": {"candidate": [], **{name: [] for name in runners}, "reference": []}}
 
     def close(self) -> None:
         self.baselines.close()

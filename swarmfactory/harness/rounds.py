@@ -1,7 +1,8 @@
 """Interleaved rounds, each with the contention its samples suffered.
 
 A round times, per workload shape, the candidate and the baseline (a multi-threaded baseline also
-on one thread: ``SINGLE``; and, every other round, the eager reference) in alternating order.
+on one thread: ``SINGLE``; the chosen baseline's rivals: ``RIVAL``; and, every other round, the
+eager reference) in alternating order.
 While a contender runs, the time it spent ready to run but waiting for a CPU is read from its
 cgroup's CPU pressure (Linux PSI; the machine's where it has no cgroup of its own), and over the
 whole round the share of the measurement CPUs' time that processes other than ours used
@@ -30,6 +31,13 @@ WAIT_PER_ROUND_S = 5.0     # waiting for a quieter machine before a replacement 
 WAIT_TOTAL_S = 30.0        # ... and over one measurement
 OTHERS_BUSY = 0.05         # other processes' share of the measurement CPUs that makes a wait theirs
 SINGLE = "baseline, one thread"  # a multi-threaded yardstick's one-thread runner, timed beside it
+RIVAL = "baseline, rival "       # + a number: a rival of the chosen baseline, timed beside it
+
+
+def yardsticks(s: dict) -> list[str]:
+    """The runners of a shape's setup whose fastest time in a round is that round's yardstick:
+    the chosen baseline, its one-thread runner, its rivals (``baselines.rivals``)."""
+    return [n for n in s["times"] if n == "baseline" or n == SINGLE or n.startswith(RIVAL)]
 
 
 @dataclass
@@ -150,8 +158,7 @@ def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand:
     known = {"candidate": True, "baseline": True}
     for s in setups:
         # the eager reference only informs the "vs eager" column: every other round
-        order = ["candidate", "baseline"] + ([SINGLE] if SINGLE in s["workers"] else []) \
-            + (["reference"] if r % 4 in (0, 3) else [])
+        order = ["candidate"] + yardsticks(s) + (["reference"] if r % 4 in (0, 3) else [])
         if r % 2:
             order.reverse()
         for name in order:
@@ -180,7 +187,7 @@ def _round(timer, setups: list[dict], r: int, rounds: int, timeout: float, cand:
                 if name == "reference":
                     continue
                 ns = reply["ns"]
-            who = "candidate" if name == "candidate" else "baseline"  # SINGLE's waits are the yardstick's too
+            who = "candidate" if name == "candidate" else "baseline"  # every yardstick runner's waits are the yardstick's
             if share is None:
                 known[who] = False
             else:

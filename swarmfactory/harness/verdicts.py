@@ -13,6 +13,10 @@ The objective (``HarnessConfig.objective``), over the clean rounds' ratios basel
 * ``geomean``: the equal-weight geometric mean alone (slower shapes are named in a flag);
 * ``worst``: the slowest shape of each round: ``faster`` only if faster on every shape.
 
+Each round's yardstick is the fastest of the chosen baseline, its one-thread runner and its rivals
+timed beside it (``yardstick_times``, ``baselines.rivals``); the evidence counts the rounds each
+was the fastest in.
+
 Every verdict states its basis: the candidate is timed inside the driver's C loop, the torch
 baseline as Python calls it (each call's dispatch included). Beside it, a dispatch-free basis:
 the baseline less what one call costs a Python caller around any op (measured in its own
@@ -35,7 +39,7 @@ import numpy as np
 from swarmfactory import contention
 from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.harness.roofline import fraction
-from swarmfactory.harness.rounds import SINGLE, RoundsLog
+from swarmfactory.harness.rounds import RIVAL, SINGLE, RoundsLog, yardsticks
 from swarmfactory.harness.timing import geomean, median_ci
 from swarmfactory.problems.spec import Problem
 
@@ -81,6 +85,13 @@ def decide(problem: Problem, setups: list[dict], log: RoundsLog, roofs: dict | N
            for s in setups if SINGLE in s["times"]}
     if one:  # where the multi-threaded yardstick was beaten by its own one-thread runner
         evidence["basis"]["one_thread_faster"] = one
+    if any(n.startswith(RIVAL) for s in setups for n in s["times"]) and clean:
+        # per shape, which runner was the yardstick in how many clean rounds
+        evidence["basis"]["yardstick_rounds"] = {slot_key(s["shape"]): yardstick_wins(s, clean, baseline_label)
+                                                 for s in setups if len(yardsticks(s)) > 1}
+    left = {slot_key(s["shape"]): s["rivals_left_out"] for s in setups if s.get("rivals_left_out")}
+    if left:
+        evidence["basis"]["rivals_left_out"] = left
     min_clean = min_clean_rounds(cfg.rounds)
     if len(clean) < min_clean:
         worst = max(log.worst("candidate"), log.worst("baseline"))
@@ -125,7 +136,7 @@ def decide(problem: Problem, setups: list[dict], log: RoundsLog, roofs: dict | N
         evidence["slower_shapes"] = slower
     if beyond:
         evidence["beyond the measured roof"] = beyond
-    baseline = ", ".join(sorted({baseline_label(s["choice"]) for s in setups}))
+    baseline = ", ".join(sorted({_yardstick_label(s, baseline_label) for s in setups}))
     return Verdict(Outcome.FASTER if faster else Outcome.NOT_FASTER, detail, "measure", speedup=med,
                    ci_low=lo, ci_high=hi, vs_reference=geomean([s.vs_reference for s in shapes]),
                    roofline_fraction=geomean(fracs) if fracs else None, baseline=baseline,
@@ -144,9 +155,9 @@ def _shape(problem: Problem, s: dict, clean, roofs: dict | None, cfg, sigma: flo
     label = problem.shape_label(s["shape"])
     slower = f"{label}: {med:.2f}x [{lo:.2f}, {hi:.2f}]" if hi < 1.0 else None
     by_dispatch = None
-    dispatch = s.get("dispatch_ns")
+    dispatch = [d for d in (s.get("dispatch") or {"baseline": s.get("dispatch_ns")}).values() if d]
     if dispatch and lo > 1.0 + cfg.min_effect:
-        free = np.maximum(b - dispatch, 0.1 * b) / c
+        free = yardstick_times(s, dispatch_free=True)[clean] / c
         if float(np.median(free)) <= 1.0 + cfg.min_effect:
             by_dispatch = f"{label} ({float(np.median(free)):.2f}x without dispatch)"
     frac = beyond = None
@@ -165,21 +176,41 @@ def _shape(problem: Problem, s: dict, clean, roofs: dict | None, cfg, sigma: flo
     return timing, b / c, (slower, by_dispatch, beyond)
 
 
-def yardstick_times(s: dict) -> np.ndarray:
-    """The baseline's time in each round: where the baseline runs on several threads, the faster of
-    it and the same baseline on one thread in that round (``rounds.SINGLE``). A team of threads
-    that stalls waiting for one of its own (measured on a 2-vCPU VM: the engine's RMSNorm at 2
-    threads took 3 us per call in some rounds and 2-8 ms in others, all CPUs idle meanwhile) would
-    otherwise be a yardstick hundreds of times slower than the code it stands for."""
-    b = np.array(s["times"]["baseline"], dtype=float)
-    one = s["times"].get(SINGLE)
-    return np.minimum(b, np.array(one, dtype=float)) if one else b
+def yardstick_times(s: dict, dispatch_free: bool = False) -> np.ndarray:
+    """The yardstick's time in each round: the fastest, in that round, of the chosen baseline, the
+    same baseline on one thread where it runs on several (``rounds.SINGLE``) and its rivals
+    (``rounds.RIVAL``, ``baselines.rivals``). A team of threads that stalls waiting for one of its
+    own (measured on a 2-vCPU VM: the engine's RMSNorm at 2 threads took 3 us per call in some
+    rounds and 2-8 ms in others, all CPUs idle meanwhile), or a contender chosen from a few warm
+    samples that is the slower one once the inputs rotate, would otherwise be a yardstick slower
+    than what the user has. ``dispatch_free``: each Python-called runner less what one call costs
+    a Python caller (``s["dispatch"]``; at least a tenth of its time stays)."""
+    rows = []
+    dispatch = s.get("dispatch") or {"baseline": s.get("dispatch_ns")}
+    for name in yardsticks(s):
+        t = np.array(s["times"][name], dtype=float)
+        d = dispatch.get(name, dispatch.get("baseline")) if name == SINGLE else dispatch.get(name)
+        rows.append(np.maximum(t - d, 0.1 * t) if dispatch_free and d else t)
+    return np.min(np.vstack(rows), axis=0)
 
 
 def single_thread_rounds(s: dict) -> int:
     """Rounds in which the one-thread runner was the faster yardstick (0 without one)."""
     one = s["times"].get(SINGLE)
     return int(sum(a < b for a, b in zip(one, s["times"]["baseline"]))) if one else 0
+
+
+def yardstick_wins(s: dict, clean: list[int], label) -> dict[str, int]:
+    """Per runner (by ``label`` of its settings), the clean rounds in which it was the yardstick."""
+    names = yardsticks(s)
+    runners = s.get("runners") or {}
+    times = np.vstack([np.array(s["times"][n], dtype=float)[clean] for n in names])
+    wins = np.bincount(np.argmin(times, axis=0), minlength=len(names))
+    out: dict[str, int] = {}
+    for n, k in zip(names, wins):
+        what = label(runners[n]) if n in runners else (label(s["choice"]) if n == "baseline" else n)
+        out[what] = out.get(what, 0) + int(k)
+    return out
 
 
 def between_spread(store, problem: Problem) -> dict:
@@ -243,12 +274,25 @@ def contention_evidence(log: RoundsLog) -> dict:
                           for i, r in enumerate(log.suffered)]}
 
 
+def _yardstick_label(s: dict, baseline_label) -> str:
+    """The chosen baseline's label, with its rivals' where they were timed beside it."""
+    rivals = [baseline_label(r) for n, r in (s.get("runners") or {}).items() if n.startswith(RIVAL)]
+    return " or ".join([baseline_label(s["choice"])] + rivals)
+
+
 def basis(setups: list[dict], baseline_label) -> dict:
     """The comparison basis, stated."""
-    dispatch = [s["dispatch_ns"] for s in setups if s.get("dispatch_ns")]
-    labels = {baseline_label(s["choice"]) + (" (each input set's calls back to back)" if s["choice"].get("native")
-                                              else " called from Python, each call's dispatch included")
+    dispatch = [d for s in setups for d in (s.get("dispatch") or {"baseline": s.get("dispatch_ns")}).values() if d]
+
+    def how(c: dict) -> str:
+        return baseline_label(c) + (" (each input set's calls back to back)" if c.get("native")
+                                    else " called from Python, each call's dispatch included")
+
+    labels = {how(s["choice"])
               + (", in each round the faster of it and the same on 1 thread" if SINGLE in s["times"] else "")
+              + "".join(f", or its rival {how(r)}" for n, r in (s.get("runners") or {}).items() if n.startswith(RIVAL))
+              + (" (each round's yardstick: the fastest of them)" if any(n.startswith(RIVAL) for n in s["times"])
+                 else "")
               for s in setups}
     return {"candidate": "calls inside the driver's C loop (inputs changed before every call)",
             "baseline": "; ".join(sorted(labels)),

@@ -128,3 +128,23 @@ def test_a_measurement_that_ends_over_the_byte_budget_gives_workers_back_at_once
         assert pool.workers == {}
     finally:
         pool.close()
+
+
+def test_the_rivals_of_a_choice_are_the_close_contenders_and_always_the_engines_own_kernel():
+    from swarmfactory.harness.baselines import rivals
+
+    def r(name, mode, threads, us, native=False, ok=True):
+        return {"name": name, "mode": mode, "threads": threads, "us": us, "within_tolerance": ok, "native": native}
+
+    everything = [r("torch", "eager", 2, 100.0), r("torch", "eager", 1, 150.0), r("torch", "compile", 2, 190.0),
+                  r("torch", "compile", 1, 180.0), r("engine", "eager", 1, 900.0, native=True),
+                  r("other", "eager", 1, 120.0, ok=False), r("far", "eager", 1, 250.0),
+                  {"name": "broken", "mode": "eager", "threads": 1, "error": "no"}]
+    choice = {"name": "torch", "mode": "eager", "threads": 2, "us": 100.0, "all": everything}
+    got = rivals(choice)
+    # the engine's own kernel first, however slow it was when chosen; then the fastest close one,
+    # each other baseline or mode at its fastest thread count; never the chosen one's own runners,
+    # one out of tolerance, one twice as slow, one that failed
+    assert [(x["name"], x["mode"], x["threads"]) for x in got] == [("engine", "eager", 1), ("torch", "compile", 1)]
+    assert rivals(choice, most=1) == got[:1]
+    assert rivals({"name": "torch", "mode": "eager", "threads": 1, "us": 5.0}) == []  # a record without "all"

@@ -150,3 +150,28 @@ def test_the_spread_is_learnt_from_kernels_measured_more_than_once_here(tmp_path
     pooled = np.sqrt(sum(((x - x.mean()) ** 2).sum() for x in logs) / 4)
     assert got["sigma"] == pytest.approx(max(BETWEEN_FLOOR, pooled), abs=1e-3) and "4 repeats" in got["source"]
     store.close()
+
+
+def test_each_rounds_yardstick_is_the_fastest_of_the_chosen_baseline_and_its_rivals(rmsnorm):
+    """The chosen baseline reads 2x slower in the rounds than a rival it beat when chosen: a
+    candidate as fast as the rival is not faster (measured against the chosen one alone it would
+    read 2x); the evidence says which runner was the yardstick in how many rounds."""
+    from swarmfactory.harness.rounds import RIVAL
+
+    rounds = 20
+    setups = setups_for(rmsnorm, (2.0, 2.0, 2.0), rounds)
+    for s in setups:  # the rival: what the candidate does, each round a little apart
+        rng = np.random.default_rng(7)
+        s["times"][f"{RIVAL}1"] = list(np.array(s["times"]["candidate"]) * (1 + 0.02 * rng.standard_normal(rounds)))
+        s["runners"] = {"baseline": s["choice"], f"{RIVAL}1": {"name": "engine", "mode": "eager", "native": True}}
+    log = RoundsLog(planned=rounds, run=rounds, clean=list(range(rounds)),
+                    suffered=[{"candidate": 0.0, "baseline": 0.0}] * rounds)
+    v = decide(rmsnorm, setups, log, None, HarnessConfig(rounds=rounds), lambda s: str(sorted(s.items())),
+               lambda c: c["name"])
+    assert v.outcome is Outcome.NOT_FASTER and 0.9 < v.speedup < 1.05, v.detail
+    assert v.baseline == "torch or engine"
+    assert "its rival engine (each input set's calls back to back)" in v.evidence["basis"]["baseline"]
+    for wins in v.evidence["basis"]["yardstick_rounds"].values():
+        assert wins["engine"] == rounds and wins["torch"] == 0, wins
+    alone = verdict(rmsnorm, (2.0, 2.0, 2.0))   # the same rounds without the rival
+    assert alone.outcome is Outcome.FASTER and alone.speedup > 1.8
