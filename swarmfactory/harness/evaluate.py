@@ -410,11 +410,17 @@ class Harness:
                     left_out[_baseline_label(r)] = str(exc)[:300]
             workers["reference"] = self.baselines.set_inputs(problem, EAGER_REFERENCE, "eager", slot,
                                                              inputs, shape, choice.get("threads"))
+        # a baseline's sample lasts as long as the candidate's: the first calls after the other
+        # contender ran find cold caches, and in a sample a third as long they weigh three times
+        # as much (measured on Zen 3: the engine's 6528x640 Q8_0 matvec as a 1 ms yardstick read
+        # 260-339 us a call, its own code as a 2-3 ms candidate 206-211 us)
+        cand_ns = window_ns * 1.25 if mode == "async" else group.n * per_call
+        target_ns = max(cfg.min_sample_ms * 1e6, cand_ns)
         iters = {}
         for name, w in workers.items():
             w.thaw()
             try:
-                iters[name] = calibrate(w, slots, cfg.min_sample_ms * 1e6, timeout, f"measure ({name})")
+                iters[name] = calibrate(w, slots, target_ns, timeout, f"measure ({name})")
             finally:
                 w.freeze()
         # a native baseline's calls run in a C loop: no Python dispatch to take off
