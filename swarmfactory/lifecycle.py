@@ -33,6 +33,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -219,12 +220,20 @@ os.register_at_fork(after_in_child=_forget_in_child)
 def temp_dir(prefix: str) -> str:
     """A new temporary directory (``tempfile.mkdtemp``) that goes when we do: ``remove_dir`` on
     our own exit paths, the guard where we die without running them (SIGKILL, a SIGTERM we do
-    not catch, the OOM killer). A path with a newline (a TMPDIR holding one) is not registered."""
+    not catch, the OOM killer), and where the guard dies with us (a killed process group, a
+    container's teardown), the next process of ours that makes one (``sweep_orphaned_dirs``: each
+    directory is noted with its owner's pid and start time). A path with a newline (a TMPDIR
+    holding one) is not registered."""
+    global _SWEPT
+    if not _SWEPT:
+        _SWEPT = True
+        sweep_orphaned_dirs()
     path = tempfile.mkdtemp(prefix=prefix)
     if "\n" not in path:
         with _LOCK:
             _DIRS.add(path)
             _guard_send(f"d {path}\n")
+        _note_owner(path)
     return path
 
 
@@ -235,6 +244,86 @@ def remove_dir(path: str) -> None:
         if path in _DIRS:
             _DIRS.discard(path)
             _guard_send(f"r {path}\n")
+    registry = _owned_registry(create=False)
+    if registry:
+        try:
+            os.unlink(os.path.join(registry, os.path.basename(path)))
+        except OSError:
+            pass
+
+
+_SWEPT = False  # this process swept the orphaned directories once
+
+
+def _owned_registry(create: bool = True) -> str | None:
+    """This user's notes of the temporary directories we made (``{tempdir}/sf-owned-UID``): a
+    directory of ours, closed to others, never a link; None where it cannot be that."""
+    path = os.path.join(tempfile.gettempdir(), f"sf-owned-{os.getuid()}")
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def _note_owner(path: str) -> None:
+    """Note ``path`` in the registry under its name: this boot, our pid and start time, the path."""
+    registry = _owned_registry()
+    if registry is None:
+        return
+    entry = os.path.join(registry, os.path.basename(path))
+    try:
+        with open(entry + ".new", "w") as f:
+            f.write(f"{boot_id()} {os.getpid()} {start_time(os.getpid())}\n{path}\n")
+        os.replace(entry + ".new", entry)
+    except OSError:
+        pass
+
+
+def sweep_orphaned_dirs() -> list[str]:
+    """Remove the temporary directories noted by owners that are gone (their pid dead or reused,
+    or another boot) and that neither we nor the guard removed: the guard died with its owner.
+    Only a directory of ours at the noted path, under the noted name, never through a link.
+    Returns the directories removed."""
+    registry = _owned_registry(create=False)
+    if registry is None:
+        return []
+    removed = []
+    try:
+        names = [n for n in os.listdir(registry) if not n.endswith(".new")]
+    except OSError:
+        return []
+    for name in names:
+        entry = os.path.join(registry, name)
+        try:
+            with open(entry) as f:
+                head, path = f.read().split("\n")[:2]
+            boot, pid, st = head.split()
+            if boot == boot_id() and start_time(int(pid)) == st:
+                continue  # its owner lives
+        except (OSError, ValueError):
+            continue
+        try:
+            info = os.lstat(path)
+            if (os.path.basename(path) == name and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        except OSError:
+            pass
+        try:
+            os.unlink(entry)
+        except OSError:
+            pass
+    return removed
 
 
 @contextmanager
@@ -326,13 +415,17 @@ def reap_recorded(ledger: Ledger) -> list[dict]:
 
 def watch(ledger: Ledger | None) -> list[dict]:
     """On opening a store for work (``ledger``: its process ledger): end what a dead run left
-    there (one line on stderr when anything was), then record what we start from now on."""
+    there, and remove the temporary directories dead owners left (one line on stderr when
+    anything was), then record what we start from now on."""
     if ledger is None:
         return []
     ended = reap_recorded(ledger)
     if ended:
         what = ", ".join(f"{r['what']} {r['pid']}" for r in ended[:6]) + (" ..." if len(ended) > 6 else "")
         print(f"note: ended {len(ended)} process(es) a run that died left behind ({what})", file=sys.stderr)
+    gone = sweep_orphaned_dirs()
+    if gone:
+        print(f"note: removed {len(gone)} temporary folder(s) a process that died left behind", file=sys.stderr)
     record_in(ledger)
     return ended
 

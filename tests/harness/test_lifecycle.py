@@ -108,6 +108,43 @@ def test_a_temporary_folder_removed_by_its_owner_is_forgotten_by_the_guard(tmp_p
     assert not os.path.exists(inner)
 
 
+ORPHAN_PARENT = textwrap.dedent("""
+    import os, signal, sys
+    from swarmfactory import lifecycle
+    a = lifecycle.temp_dir("sf-test-orphan-")
+    b = lifecycle.temp_dir("sf-test-orphan-")
+    os.rmdir(b)
+    os.symlink(sys.argv[1], b)  # a link put in a folder's place
+    print(a, b, flush=True)
+    os.kill(lifecycle.guard_pid(), signal.SIGKILL)  # the guard dies first (a killed process group)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_folders_whose_owner_died_with_its_guard_go_at_the_next_sweep_and_nothing_through_a_link(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    out = subprocess.run([sys.executable, "-c", ORPHAN_PARENT, str(keep)], capture_output=True, text=True,
+                         timeout=60).stdout.split()
+    assert len(out) == 2, out
+    left, link = out
+    try:
+        assert os.path.isdir(left)  # neither its owner nor the guard removed it
+        mine = lifecycle.temp_dir("sf-test-live-")  # a live owner's: never swept
+        try:
+            gone = lifecycle.sweep_orphaned_dirs()
+            assert left in gone and not os.path.exists(left)
+            assert os.path.isdir(mine) and mine not in gone
+            assert link not in gone and os.path.islink(link) and (keep / "precious").read_text() == "x"
+            assert lifecycle.sweep_orphaned_dirs() == []  # forgotten once removed
+        finally:
+            lifecycle.remove_dir(mine)
+    finally:
+        if os.path.islink(link):
+            os.unlink(link)
+
+
 def test_what_the_guard_missed_is_ended_from_the_store_by_pid_and_start_time(tmp_path, process_tree):
     db = str(tmp_path / "e.db")
     Store(db)
