@@ -66,6 +66,20 @@ def test_every_measured_verdict_records_the_contention_it_was_taken_under(harnes
     assert all("dispatch included" in b or "C loop" in b for b in v.evidence["basis"]["baseline"].split("; "))
 
 
+def _measured_with_setups(p, store):
+    """The template's verdict on ``p`` (6 rounds, eager baselines), with each shape's setup."""
+    h = Harness(HarnessConfig(rounds=6, compile_baselines=False, case_timeout_s=5.0), store=store)
+    try:
+        prep = h.prepare(p, p.render())
+        assert prep.rejected is None, prep.rejected
+        setups = []
+        real = h._setup_shape
+        h._setup_shape = lambda *a, **k: setups.append(real(*a, **k)) or setups[-1]
+        return h.measure(prep), setups
+    finally:
+        h.close()
+
+
 def test_a_yardstick_that_stalls_on_a_team_of_threads_is_timed_on_one_thread_too(tmp_path):
     """A multi-threaded baseline that stalls (here: 2 ms a call whenever it runs on more than one
     thread, recorded as chosen at 2 threads, as if it were fast then) is timed on one thread too in
@@ -82,16 +96,7 @@ def test_a_yardstick_that_stalls_on_a_team_of_threads_is_timed_on_one_thread_too
     for shape in p.workload:  # chosen at two threads (as a quiet machine might have measured it)
         store.put_baseline(p, shape, False, {"name": name, "mode": "eager", "threads": 2, "us": 5.0,
                                              "native": False})
-    h = Harness(HarnessConfig(rounds=6, compile_baselines=False, case_timeout_s=5.0), store=store)
-    try:
-        prep = h.prepare(p, p.render())
-        assert prep.rejected is None, prep.rejected
-        setups = []
-        real = h._setup_shape
-        h._setup_shape = lambda *a, **k: setups.append(real(*a, **k)) or setups[-1]
-        v = h.measure(prep)
-    finally:
-        h.close()
+    v, setups = _measured_with_setups(p, store)
     assert v.outcome in (Outcome.FASTER, Outcome.NOT_FASTER, Outcome.INCONCLUSIVE), v.detail
     if v.speedup is not None:
         # no shape's yardstick shows the stall: each is one thread of F.rms_norm (tens of us at most)
@@ -128,16 +133,7 @@ def test_a_chosen_baseline_that_is_slow_in_the_rounds_is_not_the_yardstick_its_r
             "all": [{"name": slow, "mode": "eager", "threads": 1, "us": 5.0, "within_tolerance": True, "native": False},
                     {"name": plain, "mode": "eager", "threads": 1, "us": 6.0, "within_tolerance": True,
                      "native": False}]})
-    h = Harness(HarnessConfig(rounds=6, compile_baselines=False, case_timeout_s=5.0), store=store)
-    try:
-        prep = h.prepare(p, p.render())
-        assert prep.rejected is None, prep.rejected
-        setups = []
-        real = h._setup_shape
-        h._setup_shape = lambda *a, **k: setups.append(real(*a, **k)) or setups[-1]
-        v = h.measure(prep)
-    finally:
-        h.close()
+    v, setups = _measured_with_setups(p, store)
     assert v.outcome in (Outcome.FASTER, Outcome.NOT_FASTER, Outcome.INCONCLUSIVE), v.detail
     # the chosen one did wait in every round, its rival was timed beside it
     assert setups and all(f"{RIVAL}1" in s["workers"] for s in setups)
