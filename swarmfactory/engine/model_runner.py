@@ -2,10 +2,11 @@
 
 Steps with few enough decode sequences (and, when the native decoder takes prompts, their
 prompt chunks) run the native decoder when the engine has one. A step whose decode rows it
-takes but whose prompt chunks are longer than it takes runs in two calls: the decode rows
-natively, the prompt chunks on the torch model (so a long prompt never moves the running
-sequences onto the slower path, nor changes their numbers). Every other step runs the torch
-model. Both write the same KV cache.
+takes but whose prompt chunks are more than it takes runs in several calls: the decode rows
+natively, every prompt chunk it takes natively (packed into calls up to its limit), a chunk
+longer than that on the torch model (so a long prompt never moves the running sequences, nor a
+short prompt beside it, onto the other path, nor changes their numbers). Every other step runs
+the torch model. Both write the same KV cache.
 """
 
 from __future__ import annotations
@@ -93,11 +94,36 @@ class ModelRunner:
         dec = batch.decode
         if self.native_takes(batch) and not batch.prefill:  # the common case, built directly
             return self._native_decode(dec), list(dec)
-        if dec and batch.prefill and self.native is not None and len(dec) <= self.native.max_batch:
-            # prompt chunks too long for the native step: they run on torch, the decode rows
-            # natively (different sequences, different slots: the two calls are independent)
-            logits, wants = self.run(Scheduled(decode=[], prefill=batch.prefill))
-            return torch.cat([self._native_decode(dec), logits]), list(dec) + wants
+        nat = self.native
+        if batch.prefill and nat is not None and len(dec) <= nat.max_batch and not self.native_takes(batch):
+            # more prompt tokens than one native step takes: the decode rows natively, then each
+            # prompt chunk the native step takes natively (chunks packed into calls up to its
+            # limit), only a chunk longer than that on torch. A chunk's path depends on its own
+            # length, never on what else shares the step (different sequences, different slots:
+            # the calls are independent), so a short prompt prefilled beside a long one gets the
+            # tokens it gets alone.
+            calls, group, size, long = [], [], 0, []
+            for s, n in batch.prefill:
+                if n > nat.max_prompt:
+                    long.append((s, n))
+                    continue
+                if size + n > nat.max_prompt:
+                    calls.append(group)
+                    group, size = [], 0
+                group.append((s, n))
+                size += n
+            calls = [g for g in calls + [group] if g]
+            if dec or calls:
+                outs, wants = ([self._native_decode(dec)] if dec else []), list(dec)
+                for part in calls + ([long] if long else []):
+                    logits, w = self._step(Scheduled(decode=[], prefill=part))
+                    outs.append(logits)
+                    wants += w
+                return torch.cat(outs), wants
+        return self._step(batch)
+
+    def _step(self, batch: Scheduled) -> tuple[torch.Tensor, list[Sequence]]:
+        """One call: the native decoder where it takes the whole step, else the torch model."""
         step, wants = self.build(batch)
         if not wants:  # only partial prompt chunks: fill the cache, skip the output head
             step.logit_rows = torch.empty(0, dtype=torch.long)

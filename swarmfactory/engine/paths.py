@@ -43,6 +43,9 @@ class Paths:
     native: str | None  # the native decoder's ISA path, None when off
     native_decode: int = 0
     native_prefill: int = 0
+    # prompt tokens a step takes (0: the config's prefill_chunk); with a calibrated native_prefill,
+    # at most it, so every prompt step runs on the native decoder, whatever else is in the step
+    prefill_chunk: int = 0
     dense_above: dict[str, int] = field(default_factory=dict)
     thresholds: str = "config"
     fallbacks: list[str] = field(default_factory=list)
@@ -54,7 +57,8 @@ class Paths:
     def as_dict(self) -> dict:
         return {"cpu": self.cpu, "mask": self.mask, "torch_cpu": self.torch_cpu, "dense": self.dense,
                 "q4_kernel": self.q4_kernel, "native": self.native, "native_decode": self.native_decode,
-                "native_prefill": self.native_prefill, "dense_above": dict(self.dense_above),
+                "native_prefill": self.native_prefill, "prefill_chunk": self.prefill_chunk,
+                "dense_above": dict(self.dense_above),
                 "thresholds": self.thresholds, "fallbacks": list(self.fallbacks),
                 "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()},
                 "native_matvec": dict(self.native_matvec) if self.native_matvec else None,
@@ -77,7 +81,8 @@ class Paths:
             parts.append(f"native decoder {self.native}"
                          + (f" (q4_1 matvec: candidate {mv['candidate']} of {mv['origin']})" if mv else "")
                          + f": <= {self.native_decode} sequences"
-                         + (f" + {self.native_prefill} prompt tokens" if self.native_prefill else ", prompts on torch"))
+                         + (f" + {self.native_prefill} prompt tokens" if self.native_prefill else ", prompts on torch")
+                         + (f" (prompts in chunks of {self.prefill_chunk})" if self.prefill_chunk else ""))
         elif self.q4_kernel:
             parts.append("native decoder off")
         if self.q4_kernel:
@@ -166,8 +171,14 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
         npf = cfg.native_prefill if cfg.native_prefill is not None else (cal.native_prefill if cal else 0)
         paths.native_decode = min(nd, cfg.max_batch)
         paths.native_prefill = min(npf, cfg.prefill_chunk)
+        if cfg.native_prefill is None and paths.native_prefill:
+            # measured: prompts go in chunks the native step takes (where it is at least as fast
+            # as torch), so a sequence's prompt rows never move to torch because another prompt
+            # shares the step: the same tokens alone and under load
+            paths.prefill_chunk = paths.native_prefill
         if not paths.native_decode:
             paths.native, paths.native_matvec, lib = None, None, None
+            paths.prefill_chunk = 0
     return model, lib, paths
 
 

@@ -186,6 +186,45 @@ def test_without_a_compiler_the_default_falls_back_and_an_explicit_request_fails
         Engine(EngineConfig(native_decode=2, **opts))
 
 
+def test_short_prompts_prefilled_together_beyond_the_native_limit_stay_native_and_keep_their_tokens(monkeypatch):
+    """Four short prompts admitted in one step hold more prompt tokens than the native step takes
+    (more than 16): each chunk still runs natively (packed into calls up to the limit), none on torch,
+    so each prompt gets the tokens it gets alone. Before, the whole step's prompts went to torch
+    (bf16 activations where the native step quantises to 8 bits): a near tie could flip, as it did
+    for Gemma 3 270M under load ("under load vs alone" diverged at token 18)."""
+    from swarmfactory.engine.sequence import SamplingParams
+
+    eng = get_engine("q4_1", native_decode=4, native_prefill=16, prefill_chunk=64, dense_above=())
+    texts = ["The capital of France is", "Water boils at a temperature of", "The largest planet in our solar system is",
+             "Write a short poem about the sea"]
+    prompts = [eng.tokenizer.encode(t) for t in texts]
+    assert all(len(p) <= 16 for p in prompts) and sum(len(p) for p in prompts) > 16
+    alone = [eng.generate([p], max_tokens=12, ignore_eos=True)[0].token_ids for p in prompts]
+    torch_steps = []
+    forward = eng.model.forward
+    monkeypatch.setattr(eng.model, "forward", lambda s, kv: torch_steps.append(s) or forward(s, kv))
+    seqs = [eng.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in prompts]
+    while eng.has_unfinished():
+        eng.step()
+    assert torch_steps == []
+    assert [s.output_ids for s in seqs] == alone
+
+
+def test_with_a_measured_native_prefill_prompts_go_in_chunks_the_native_step_takes(monkeypatch):
+    """Where native_prefill is measured (the default), the scheduler's prompt chunk is at most
+    it: every prompt step runs on the native decoder, so no prompt row depends on what shares
+    its step. An explicit prefill_chunk with an explicit native_prefill stays as given."""
+    from swarmfactory.engine import calibrate
+
+    measured = calibrate.Calibration(dense_above={}, native_decode=8, native_prefill=16, seconds=0.0, key={})
+    monkeypatch.setattr(calibrate, "load_cached", lambda key, path: measured)
+    eng = Engine(EngineConfig(weights="q4_1", max_batch=8, max_seq_len=256, threads=THREADS, prefill_chunk=64))
+    assert (eng.native.max_prompt, eng.paths.prefill_chunk, eng.scheduler.prefill_chunk) == (16, 16, 16)
+    assert "prompts in chunks of 16" in eng.paths.summary()
+    explicit = get_engine("q4_1", native_decode=4, native_prefill=16, prefill_chunk=64, dense_above=())
+    assert (explicit.paths.prefill_chunk, explicit.scheduler.prefill_chunk) == (0, 64)
+
+
 def test_a_long_prompt_leaves_the_running_sequences_on_the_native_step(monkeypatch):
     """A step whose prompt chunk is longer than the native step takes runs in two calls: the
     decode rows natively, the chunk on torch. So a running sequence stays on the native path
