@@ -428,7 +428,7 @@ class Harness:
                     for name in runners}
         return {"shape": dict(shape), "group": group, "mode": mode, "slots": slots, "choice": choice,
                 "runners": runners, "rivals_left_out": left_out, "per_call": per_call, "window_s": window_ns * 1e-9,
-                "dispatch_ns": dispatch["baseline"], "dispatch": dispatch,
+                "dispatch": dispatch,  # runner -> ns of one Python call around any op (None: native)
                 "workers": workers, "iters": iters,
                 "times": {"candidate": [], **{name: [] for name in runners}, "reference": []}}
 

@@ -155,8 +155,7 @@ def _shape(problem: Problem, s: dict, clean, roofs: dict | None, cfg, sigma: flo
     label = problem.shape_label(s["shape"])
     slower = f"{label}: {med:.2f}x [{lo:.2f}, {hi:.2f}]" if hi < 1.0 else None
     by_dispatch = None
-    dispatch = [d for d in (s.get("dispatch") or {"baseline": s.get("dispatch_ns")}).values() if d]
-    if dispatch and lo > 1.0 + cfg.min_effect:
+    if any(s["dispatch"].values()) and lo > 1.0 + cfg.min_effect:
         free = yardstick_times(s, dispatch_free=True)[clean] / c
         if float(np.median(free)) <= 1.0 + cfg.min_effect:
             by_dispatch = f"{label} ({float(np.median(free)):.2f}x without dispatch)"
@@ -186,10 +185,9 @@ def yardstick_times(s: dict, dispatch_free: bool = False) -> np.ndarray:
     than what the user has. ``dispatch_free``: each Python-called runner less what one call costs
     a Python caller (``s["dispatch"]``; at least a tenth of its time stays)."""
     rows = []
-    dispatch = s.get("dispatch") or {"baseline": s.get("dispatch_ns")}
     for name in yardsticks(s):
         t = np.array(s["times"][name], dtype=float)
-        d = dispatch.get(name, dispatch.get("baseline")) if name == SINGLE else dispatch.get(name)
+        d = s["dispatch"].get(name)
         rows.append(np.maximum(t - d, 0.1 * t) if dispatch_free and d else t)
     return np.min(np.vstack(rows), axis=0)
 
@@ -282,7 +280,7 @@ def _yardstick_label(s: dict, baseline_label) -> str:
 
 def basis(setups: list[dict], baseline_label) -> dict:
     """The comparison basis, stated."""
-    dispatch = [d for s in setups for d in (s.get("dispatch") or {"baseline": s.get("dispatch_ns")}).values() if d]
+    dispatch = [d for s in setups for d in s["dispatch"].values() if d]
 
     def how(c: dict) -> str:
         return baseline_label(c) + (" (each input set's calls back to back)" if c.get("native")

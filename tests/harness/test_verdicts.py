@@ -25,7 +25,7 @@ def setups_for(problem, speedups, rounds=20, noise=0.02, seed=0, dispatch_ns=Non
         b = baseline_us * 1e3 * (1 + noise * rng.standard_normal(rounds))
         c = b / speedup * (1 + noise * rng.standard_normal(rounds))
         out.append({"shape": dict(shape), "mode": "async", "group": _Group(), "choice": {"name": "torch", "mode": "eager"},
-                    "dispatch_ns": dispatch_ns,
+                    "dispatch": {"baseline": dispatch_ns},
                     "times": {"candidate": list(c), "baseline": list(b), "reference": list(b * 2)}})
     return out
 
