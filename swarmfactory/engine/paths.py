@@ -171,14 +171,13 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
         npf = cfg.native_prefill if cfg.native_prefill is not None else (cal.native_prefill if cal else 0)
         paths.native_decode = min(nd, cfg.max_batch)
         paths.native_prefill = min(npf, cfg.prefill_chunk)
-        if cfg.native_prefill is None and paths.native_prefill:
+        if not paths.native_decode:
+            paths.native, paths.native_matvec, lib = None, None, None
+        elif cfg.native_prefill is None and paths.native_prefill:
             # measured: prompts go in chunks the native step takes (where it is at least as fast
             # as torch), so a sequence's prompt rows never move to torch because another prompt
             # shares the step: the same tokens alone and under load
             paths.prefill_chunk = paths.native_prefill
-        if not paths.native_decode:
-            paths.native, paths.native_matvec, lib = None, None, None
-            paths.prefill_chunk = 0
     return model, lib, paths
 
 
