@@ -138,13 +138,16 @@ def test_a_chosen_baseline_that_is_slow_in_the_rounds_is_not_the_yardstick_its_r
     # the chosen one did wait in every round, its rival was timed beside it
     assert setups and all(f"{RIVAL}1" in s["workers"] for s in setups)
     assert all(min(s["times"]["baseline"]) >= 250e3 for s in setups)
-    # and every yardstick runner's sample lasts as long as the candidate's (not a third as long:
-    # the first calls after the other contender ran find cold caches)
+    # and every yardstick runner's sample is sized to last as long as the candidate's (not a third
+    # as long: the first calls after the other contender ran find cold caches). Sized from the
+    # fastest of three loops; a shared machine still moves a call's time by a third between the
+    # sizing and the rounds (measured: F.rms_norm 14.1 us a call when sized, 10.2 us in the rounds),
+    # so the check is against the old fault's third, not an exact length
     for s in setups:
         assert s["mode"] == "async"
         for name in ("baseline", f"{RIVAL}1"):
             lasted = s["iters"][name] * float(np.median(s["times"][name]))
-            assert lasted >= 0.9 * s["window_s"] * 1.25e9, (name, lasted, s["window_s"])
+            assert lasted >= 0.6 * s["window_s"] * 1.25e9, (name, lasted, s["window_s"])
     if v.speedup is not None:
         assert all(t.baseline_us < 200 for t in v.shapes), [t.baseline_us for t in v.shapes]
         assert "its rival F.rms_norm" in v.evidence["basis"]["baseline"], v.evidence["basis"]
