@@ -393,7 +393,9 @@ def test_every_candidate_thread_is_frozen_while_the_baseline_is_timed(harness, m
 
     monkeypatch.setattr(rounds, "sample", spy)
     v = harness.evaluate(load_problem("rmsnorm"), OMP_RMSNORM)
-    assert v.outcome in CORRECT, v.detail
+    # correct; on a machine busy with other work the rounds may give no figure, but every baseline
+    # sample was still taken (and watched) with the candidate's threads there to be frozen
+    assert v.outcome in CORRECT or (v.outcome.value == "inconclusive" and "too busy" in v.detail), v.detail
     assert seen, "no baseline sample was taken while a candidate process was alive"
     assert any(len(s) > 1 for s in seen), "the OpenMP pool should be there to freeze"
     running = [s for s in seen if set(s.values()) - {"T", "t"}]
