@@ -95,13 +95,14 @@ class ModelRunner:
         if self.native_takes(batch) and not batch.prefill:  # the common case, built directly
             return self._native_decode(dec), list(dec)
         nat = self.native
-        if batch.prefill and nat is not None and len(dec) <= nat.max_batch and not self.native_takes(batch):
-            # more prompt tokens than one native step takes: the decode rows natively, then each
-            # prompt chunk the native step takes natively (chunks packed into calls up to its
-            # limit), only a chunk longer than that on torch. A chunk's path depends on its own
-            # length, never on what else shares the step (different sequences, different slots:
-            # the calls are independent), so a short prompt prefilled beside a long one gets the
-            # tokens it gets alone.
+        if nat is not None and nat.max_batch > 0 and not self.native_takes(batch):
+            # more than one native call takes: the decode rows natively in calls of at most its
+            # limit, then each prompt chunk the native step takes natively (chunks packed into
+            # calls up to its limit), only a chunk longer than that on torch. A row's path depends
+            # on its own length, never on what else shares the step (different sequences,
+            # different slots: the calls are independent, and the native step's rows do not depend
+            # on the others in its call), so a prompt gets the tokens it gets alone, whether a
+            # long one is prefilled beside it or more sequences decode than one call takes
             calls, group, size, long = [], [], 0, []
             for s, n in batch.prefill:
                 if n > nat.max_prompt:
@@ -113,13 +114,13 @@ class ModelRunner:
                 group.append((s, n))
                 size += n
             calls = [g for g in calls + [group] if g]
-            if dec or calls:
-                outs, wants = ([self._native_decode(dec)] if dec else []), list(dec)
-                for part in calls + ([long] if long else []):
-                    logits, w = self._step(Scheduled(decode=[], prefill=part))
-                    outs.append(logits)
-                    wants += w
-                return torch.cat(outs), wants
+            outs = [self._native_decode(dec[i:i + nat.max_batch]) for i in range(0, len(dec), nat.max_batch)]
+            wants = list(dec)
+            for part in calls + ([long] if long else []):
+                logits, w = self._step(Scheduled(decode=[], prefill=part))
+                outs.append(logits)
+                wants += w
+            return torch.cat(outs), wants
         return self._step(batch)
 
     def _step(self, batch: Scheduled) -> tuple[torch.Tensor, list[Sequence]]:

@@ -81,7 +81,8 @@ class Paths:
             parts.append(f"native decoder {self.native}"
                          + (f" (q4_1 matvec: candidate {mv['candidate']} of {mv['origin']})" if mv else "")
                          + f": <= {self.native_decode} sequences"
-                         + (f" + {self.native_prefill} prompt tokens" if self.native_prefill else ", prompts on torch")
+                         + (f" + {self.native_prefill} prompt tokens a call" if self.native_prefill
+                            else " a call, prompts on torch")
                          + (f" (prompts in chunks of {self.prefill_chunk})" if self.prefill_chunk else ""))
         elif self.q4_kernel:
             parts.append("native decoder off")
@@ -169,7 +170,14 @@ def plan(cfg: EngineConfig, gg, model_path: Path, supply: KernelSupply | None = 
     if lib is not None:
         nd = cfg.native_decode if cfg.native_decode is not None else (cal.native_decode if cal else 0)
         npf = cfg.native_prefill if cfg.native_prefill is not None else (cal.native_prefill if cal else 0)
-        paths.native_decode = min(nd, cfg.max_batch)
+        # measured (no native_decode in the config): the native decoder, where it is on at all,
+        # takes every decode row, in one call up to max_batch. A threshold that sent larger decode
+        # batches to torch would give a sequence other numbers (bf16 activations where the native
+        # step quantises to 8 bits) when more sequences decode beside it: Gemma 3 270M's default
+        # design on a Zen 4 (measured native_decode 8 of max_batch 64) failed "under load vs
+        # alone" at token 15. An explicit native_decode below max_batch still holds: larger
+        # batches run in several native calls (model_runner.run), never on torch.
+        paths.native_decode = min(nd, cfg.max_batch) if cfg.native_decode is not None or not nd else cfg.max_batch
         paths.native_prefill = min(npf, cfg.prefill_chunk)
         if not paths.native_decode:
             paths.native, paths.native_matvec, lib = None, None, None

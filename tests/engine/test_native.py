@@ -210,6 +210,34 @@ def test_short_prompts_prefilled_together_beyond_the_native_limit_stay_native_an
     assert [s.output_ids for s in seqs] == alone
 
 
+def test_more_sequences_than_one_native_call_takes_decode_natively_and_keep_their_tokens(monkeypatch):
+    """Six sequences decoding where one native call takes two (a calibration that measured torch
+    faster above two rows, with max_batch above it): every decode row still runs natively, in calls
+    of at most two, none on torch, so each prompt gets the tokens it gets alone. Before, a step of
+    more sequences than the native limit went to torch whole (bf16 activations where the native
+    step quantises to 8 bits): Gemma 3 270M's default design on a Zen 4 (native_decode
+    calibrated below max_batch 64) failed "under load vs alone" at token 15."""
+    from swarmfactory.engine.sequence import SamplingParams
+
+    eng = get_engine("q4_1", native_decode=2, native_prefill=16, prefill_chunk=16, max_batch=8, dense_above=())
+    assert eng.native.max_batch == 2 and eng.scheduler.max_batch >= 6
+    texts = ["The capital of France is", "Water boils at a temperature of", "The largest planet in our solar system is",
+             "Write a short poem about the sea", "One, two, three,", "The opposite of hot is"]
+    prompts = [eng.tokenizer.encode(t) for t in texts]
+    alone = [eng.generate([p], max_tokens=10, ignore_eos=True)[0].token_ids for p in prompts]
+    torch_steps = []
+    forward = eng.model.forward
+    monkeypatch.setattr(eng.model, "forward", lambda s, kv: torch_steps.append(s) or forward(s, kv))
+    seqs = [eng.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in prompts]
+    wide = 0
+    while eng.has_unfinished():
+        wide = max(wide, len([s for s in seqs if not s.prefilling and not s.finished]))
+        eng.step()
+    assert wide > 2  # more sequences decoded together than one native call takes
+    assert torch_steps == []
+    assert [s.output_ids for s in seqs] == alone
+
+
 def test_with_a_measured_native_prefill_prompts_go_in_chunks_the_native_step_takes(monkeypatch):
     """Where native_prefill is measured (the default), the scheduler's prompt chunk is at most
     it: every prompt step runs on the native decoder, so no prompt row depends on what shares
@@ -223,6 +251,24 @@ def test_with_a_measured_native_prefill_prompts_go_in_chunks_the_native_step_tak
     assert "prompts in chunks of 16" in eng.paths.summary()
     explicit = get_engine("q4_1", native_decode=4, native_prefill=16, prefill_chunk=64, dense_above=())
     assert (explicit.paths.prefill_chunk, explicit.scheduler.prefill_chunk) == (0, 64)
+
+
+def test_a_measured_native_decode_below_max_batch_still_takes_every_decode_row(monkeypatch):
+    """Calibration measured torch faster above 4 decode rows, but the native decoder, where it is
+    on, takes every decode row (in one call up to max_batch): larger batches on torch would give a
+    sequence other numbers when more sequences decode beside it. An explicit native_decode stays
+    as given (larger batches then go in several native calls)."""
+    from swarmfactory.engine import calibrate
+
+    measured = calibrate.Calibration(dense_above={}, native_decode=4, native_prefill=16, seconds=0.0, key={})
+    monkeypatch.setattr(calibrate, "load_cached", lambda key, path: measured)
+    eng = Engine(EngineConfig(weights="q4_1", max_batch=12, max_seq_len=256, threads=THREADS))
+    assert (eng.native.max_batch, eng.paths.native_decode) == (12, 12)
+    assert "<= 12 sequences + 16 prompt tokens a call" in eng.paths.summary()
+    off = calibrate.Calibration(dense_above={}, native_decode=0, native_prefill=0, seconds=0.0, key={})
+    monkeypatch.setattr(calibrate, "load_cached", lambda key, path: off)
+    assert Engine(EngineConfig(weights="q4_1", max_batch=12, max_seq_len=256, threads=THREADS)).native is None
+    assert get_engine("q4_1", native_decode=2, native_prefill=16, prefill_chunk=16, dense_above=()).native.max_batch == 2
 
 
 def test_a_long_prompt_leaves_the_running_sequences_on_the_native_step(monkeypatch):
