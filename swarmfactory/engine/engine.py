@@ -73,7 +73,7 @@ class Engine:
         if lib is not None:
             self.native = build_decoder(lib, gg, self.model, self.kv, self.paths.native_decode,
                                         config.resolved_threads(), max_prompt=self.paths.native_prefill)
-        self.scheduler = Scheduler(self.kv, config.max_batch, self.paths.prefill_chunk or config.prefill_chunk)
+        self.scheduler = Scheduler(self.kv, config.max_batch, config.prefill_chunk)
         self.runner = ModelRunner(self.model, self.kv, self.native)
         self.model_id = model_file.model_id(self.model_path)  # what the server serves it as
         self.load_seconds = time.perf_counter() - t0
