@@ -11,6 +11,10 @@ instead of shipped as one machine's constants:
 - ``native_prefill``: the most prompt tokens per step (of 16..256) up to which the native
   decoder is at least as fast as the torch forward.
 
+The engine (``paths.plan``) reads the two native points as switches: above 0, the native step
+takes every decode row and every prompt chunk, so no row's path depends on how many rows share
+its step (a split by size gave Gemma 3 270M other tokens under load on a Zen 4).
+
 Each point is the best of interleaved timings (the two contenders alternate; see
 ``_best_pair``). The whole calibration stays under ``BUDGET_S``; what it had no time for keeps
 its default and the record says so. Results are cached as JSON under the user cache dir

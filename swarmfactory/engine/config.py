@@ -174,15 +174,17 @@ class EngineConfig(BaseModel):
       step; logit rows for lm_head) runs a dense copy of the weight (bf16 oneDNN, or fp32 sgemm
       where bf16 is unavailable) instead of the op's kernel (faster once compute-bound). Ops not
       listed keep no dense copy. ``None``: measured on this machine (engine/calibrate.py).
-    - ``native_decode``: q4_1 with an fp32 KV cache only; steps with at most this many decode
-      sequences run the native decoder, the whole step in one C call (``engine/native``).
-      ``None``: measured on this machine where it applies (falling back to torch, with a log
+    - ``native_decode``: q4_1 with an fp32 KV cache only; the native decoder takes up to this
+      many decode sequences in one C call, the whole step (``engine/native``); more run in several
+      calls, never on torch. ``None``: measured on this machine whether it is on (then it takes
+      up to ``max_batch`` a call) where it applies (falling back to torch, with a log
       line, where no C compiler builds it or no ISA path passes its check) and off elsewhere,
       including when ``kernels`` names kernels (they must run); 0 turns it off; a number > 0
       requires it.
-    - ``native_prefill``: prompt tokens per step the native decoder takes along with its decode
-      rows (at most ``prefill_chunk``); a step with more runs on torch. ``None``: measured on
-      this machine; 0: prompts always run on torch. Needs the native decoder.
+    - ``native_prefill``: prompt tokens a native call takes along with its decode rows (at most
+      ``prefill_chunk``); a step with more runs its chunks in several calls, only a chunk longer
+      than this on torch. ``None``: measured on this machine whether the native step wins on
+      prompts (then it takes every chunk, ``prefill_chunk``); 0: prompts always run on torch. Needs the native decoder.
     - ``attention``: torch decode attention. ``padded`` (default): one batched matmul over the
       longest context in the step, shorter ones masked, so a sequence's softmax and sums run
       over a length that depends on the others (bitwise, not mathematically: tokens can flip at
@@ -229,12 +231,12 @@ class EngineConfig(BaseModel):
         "calibrated = measured on this machine, none = every call on the int4 kernel, early = half the default "
         "thresholds, late = four times them", "algorithm", name="dense", presets=DENSE_PRESETS)] = None
     native_decode: Annotated[int | None, Knob(
-        (None, 0, 8, 16, 32, 64), "q4_1 with an fp32 KV cache: engine steps with at most this many decode "
-        "sequences run the native C decoder (SIMD for this CPU) instead of torch; null = measured on this "
-        "machine at load, 0 = off", "algorithm")] = Field(default=None, ge=0)
+        (None, 0, 8, 16, 32, 64), "q4_1 with an fp32 KV cache: decode sequences one call of the native C "
+        "decoder (SIMD for this CPU) takes, more in several calls; null = on where measured faster at load "
+        "(then up to max_batch a call), 0 = off (torch)", "algorithm")] = Field(default=None, ge=0)
     native_prefill: Annotated[int | None, Knob(
-        (None, 0, 16, 64, 128), "prompt tokens per step the native decoder takes along with its decode rows (at "
-        "most prefill_chunk; a step with more runs on torch); null = measured, 0 = prompts on torch",
+        (None, 0, 16, 64, 128), "prompt tokens one native call takes along with its decode rows (at most "
+        "prefill_chunk; a longer chunk runs on torch); null = every chunk where measured faster, 0 = prompts on torch",
         "algorithm")] = Field(default=None, ge=0)
     attention: Annotated[Literal["padded", "exact"], Knob(
         ("padded", "exact"), "torch decode attention: padded = one batched matmul over the longest context, "
