@@ -1,12 +1,12 @@
 """Turns a scheduled step into tensors, runs the model, and returns next-token logits.
 
 Steps with few enough decode sequences (and, when the native decoder takes prompts, their
-prompt chunks) run the native decoder when the engine has one. A step whose decode rows it
-takes but whose prompt chunks are more than it takes runs in several calls: the decode rows
-natively, every prompt chunk it takes natively (packed into calls up to its limit), a chunk
-longer than that on the torch model (so a long prompt never moves the running sequences, nor a
-short prompt beside it, onto the other path, nor changes their numbers). Every other step runs
-the torch model. Both write the same KV cache.
+prompt chunks) run the native decoder in one call when the engine has one. A step with more
+than one call takes runs in several: the decode rows natively in calls up to its limit, every
+prompt chunk it takes natively (packed into calls up to its limit), a chunk longer than that on
+the torch model (so neither a long prompt nor more sequences beside a row move it onto the other
+path or change its numbers). Without the native decoder every step runs the torch model. Both
+write the same KV cache.
 """
 
 from __future__ import annotations

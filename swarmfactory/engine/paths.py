@@ -54,8 +54,7 @@ class Paths:
     def as_dict(self) -> dict:
         return {"cpu": self.cpu, "mask": self.mask, "torch_cpu": self.torch_cpu, "dense": self.dense,
                 "q4_kernel": self.q4_kernel, "native": self.native, "native_decode": self.native_decode,
-                "native_prefill": self.native_prefill,
-                "dense_above": dict(self.dense_above),
+                "native_prefill": self.native_prefill, "dense_above": dict(self.dense_above),
                 "thresholds": self.thresholds, "fallbacks": list(self.fallbacks),
                 "native_kernels": {op: dict(v) for op, v in self.native_kernels.items()},
                 "native_matvec": dict(self.native_matvec) if self.native_matvec else None,

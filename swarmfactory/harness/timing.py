@@ -32,6 +32,9 @@ def sample(worker, slots: list[str], iters: int, timeout: float, stage: str,
 def calibrate(worker, slots: list[str], min_sample_ns: float, timeout: float, stage: str) -> int:
     """Smallest iteration count (a multiple of the slots, so each is called) whose loop takes
     at least ``min_sample_ns`` at the fastest of three loops."""
+    def whole(n: float) -> int:  # the least multiple of the slots at or above n
+        return -(-int(n) // len(slots)) * len(slots)
+
     iters = len(slots)
     sample(worker, slots, 3, timeout, stage)  # warm-up: caches, lazy init, compilation
     while iters < MAX_ITERS:
@@ -41,10 +44,10 @@ def calibrate(worker, slots: list[str], min_sample_ns: float, timeout: float, st
             # other contender's caches) would otherwise leave every later sample short of the length
             for _ in range(2):
                 per_call = min(per_call, sample(worker, slots, iters, timeout, stage)[0])
-            need = -(-int(min_sample_ns / max(per_call, 1e-3)) // len(slots)) * len(slots)
+            need = whole(min_sample_ns / max(per_call, 1e-3))
             return int(min(MAX_ITERS, max(iters, need)))
         grown = max(iters * 2, int(iters * min_sample_ns / max(per_call * iters, 1.0) * 1.2))
-        iters = -(-grown // len(slots)) * len(slots)
+        iters = whole(grown)
     return iters
 
 

@@ -254,6 +254,7 @@ def test_with_a_measured_native_prefill_the_native_step_takes_every_prompt_chunk
     explicit = get_engine("q4_1", native_decode=4, native_prefill=16, prefill_chunk=64, dense_above=())
     assert (explicit.native.max_prompt, explicit.scheduler.prefill_chunk) == (16, 64)
 
+
 def test_a_measured_native_decode_below_max_batch_still_takes_every_decode_row(monkeypatch):
     """Calibration measured torch faster above 4 decode rows, but the native decoder, where it is
     on, takes every decode row (in one call up to max_batch): larger batches on torch would give a
