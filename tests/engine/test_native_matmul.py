@@ -210,10 +210,15 @@ def test_the_templates_defaults_run_in_the_block_step_with_the_default_engines_t
     assert _tokens(eng) == want
     state = eng.kernel_audit()["native_matmul"][qtype.name]
     assert state["calls"] > 0 and state["audited"] > 0 and state["dropped"] is None
-    # the defaults are the engine's own code: the block step's logits bit for bit
+    # the defaults are the engine's own code for the stored layout: the block step's logits bit for
+    # bit, or to fp32 rounding where this build runs the type on its packed copy (qlinear.c)
     ids = torch.tensor([eng.tokenizer.encode(PROMPTS[0])[-1]] * 3)
     slots, pos = torch.arange(3), torch.tensor([0, 5, 9])
-    assert torch.equal(eng.native(ids, slots, pos), base.native(ids, slots, pos))
+    got, ref = eng.native(ids, slots, pos), base.native(ids, slots, pos)
+    if qlinear.loaded().lib.sf_qlinear_pack_bytes(int(qtype), 8, 32) > 0:
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
+    else:
+        assert torch.equal(got, ref)
 
 
 def test_a_wrong_candidate_is_refused_at_load_and_one_wrong_at_an_unchecked_batch_is_caught_serving(

@@ -63,6 +63,23 @@ def engine_call(lib, qt: QT, inputs: dict) -> np.ndarray:
     return y
 
 
+def engine_packed_call(lib, qt: QT, inputs: dict) -> np.ndarray | None:
+    """What the engine runs for the weight on a build that packs its type (sf_qlinear_q32_packed
+    on sf_qlinear_pack's copy); None on a build that does not."""
+    n, k, b = inputs["n"], inputs["k"], inputs["batch"]
+    size = lib.sf_qlinear_pack_bytes(int(qt), n, k)
+    if size <= 0:
+        return None
+    w = np.ascontiguousarray(inputs["w"])
+    pack = np.empty(size, np.uint8)
+    assert lib.sf_qlinear_pack(int(qt), w.ctypes.data, n, w.size // n, k, pack.ctypes.data) == 0
+    y = np.full((b, n), np.nan, np.float32)
+    args = [np.ascontiguousarray(inputs[a]) for a in ("xq", "xd", "xs")]
+    assert lib.sf_qlinear_q32_packed(int(qt), pack.ctypes.data, *(a.ctypes.data for a in args), y.ctypes.data,
+                                     n, k, b) == 0
+    return y
+
+
 def call(kernel_call, p, fn, inputs: dict) -> np.ndarray:
     return kernel_call(p, fn, inputs, {"n": inputs["n"], "k": inputs["k"], "batch": inputs["batch"]})["y"]
 
@@ -143,8 +160,9 @@ def test_decode_is_gguf_dequantiser(qt):
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_default_is_the_engines_kernel_bitwise(qt, compiler, kernel_call):
-    """The seed is qlinear.c's own code: the same bits as sf_qlinear_q32, and as the baseline
-    that runs it (called once, and in its C loop)."""
+    """The seed is qlinear.c's own code: the same bits as sf_qlinear_q32; the baseline is what the
+    engine runs (called once, and in its C loop): that kernel, or where this build packs the type
+    its packed kernel, which agrees with it to fp32 rounding."""
     lib = same_path_lib()
     p = problem(qt)
     fn = compiler.load(p, p.render())
@@ -156,6 +174,11 @@ def test_default_is_the_engines_kernel_bitwise(qt, compiler, kernel_call):
             got = call(kernel_call, p, fn, inputs)
             assert np.array_equal(got, want, equal_nan=True), (n, k, batch, dist)
     base = p.baselines["engine_qnative"](to_torch(inputs))
+    packed = engine_packed_call(lib, qt, inputs)
+    if packed is not None:
+        assert base.symbol == "sf_qlinear_q32_packed"
+        assert np.allclose(packed, want, rtol=1e-4, atol=1e-4 * np.nanmax(np.abs(want)), equal_nan=True), "packed"
+        want = packed
     assert np.array_equal(base().numpy(), want, equal_nan=True)
     base.y.fill_(0.0)
     base.loop(3)

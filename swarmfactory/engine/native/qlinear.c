@@ -94,11 +94,13 @@ typedef void (*Q256Fn)(const uint8_t *w, const int8_t *xq, const float *xd, cons
 typedef SfExt QExt; /* common.c: fn is a Q32Fn, or a Q256Fn for a K-quant part */
 
 /* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes;
- * ext: NULL, or an external kernel for it. */
+ * ext: NULL, or an external kernel for it; pack: NULL, or the same rows in the interleaved
+ * layout of sf_qlinear_pack (a Q8_0 part, on a build that runs it: sf_qlinear_pack_bytes > 0). */
 typedef struct {
     int64_t type, rows, row_bytes;
     const uint8_t *data;
     QExt *ext;
+    const uint8_t *pack;
 } QPart;
 
 static int64_t elems(int64_t t) { return t == Q4_K || t == Q5_K || t == Q6_K ? 256 : 32; }
@@ -165,6 +167,7 @@ typedef struct {         /* per block of 32 */
     int8_t *q;           /* [M, K] */
     float *d;            /* [M, K/32] */
     float *s;            /* [M, K/32] d * sum(q) */
+    int32_t *isum;       /* [M, K/32] sum(q), or NULL (the packed kernel needs it) */
 } Act32;
 
 typedef struct {         /* per block of 256 */
@@ -210,6 +213,7 @@ static void quantize_row(const float *x, int64_t K, int64_t m, Act32 *a32, Act25
             const float d = quantize_block(x + 32 * j, 32, a32->q + m * K + 32 * j, &isum);
             a32->d[m * nb + j] = d;
             a32->s[m * nb + j] = d * (float)isum;
+            if (a32->isum) a32->isum[m * nb + j] = isum;
         }
     }
     if (a256->q) {
@@ -642,6 +646,240 @@ static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* packed 32-element types: 8 weight rows interleaved, one vpdpbusd per 4 columns of 8 rows */
+
+/* The layout (sf_qlinear_pack), for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: rows in groups of 8 (the
+ * last padded with zero blocks), each group its K/32 blocks in order, each block the same bytes
+ * as the 8 rows' stored blocks (pack_block), rearranged:
+ *   - the 8 rows' fp16 scales d; then (Q4_1, Q5_1) their fp16 mins m;
+ *   - Q5_0, Q5_1: the fifth bits, 4 bytes a row: bit c of byte e is element 4c + e's;
+ *   - Q4_*, Q5_*: for c = 0..3 the 8 rows' nibble bytes 4c..4c+3 (32 bytes: low nibbles are
+ *     elements 4c + e, high nibbles 16 + 4c + e);
+ *   - Q8_0: for c = 0..7 the 8 rows' quants 4c..4c+3, each q + 128 (unsigned).
+ * So one 32-byte load (and for the 4/5-bit types a mask or shift) is 4 columns of 8 rows, and
+ * vpdpbusd against 4 activation quants broadcast gives the 8 rows' partial dots in 8 lanes: a
+ * block's 8 dots come out in one vector, and its scale product, conversion and fused multiply-adds
+ * are one each for 8 outputs (on the stored layout, one each per output, and a horizontal sum).
+ * Q8_0's +128 comes off exactly as 128 * sum(xq) per activation block (Act32.isum).
+ * Each output is, in one fp32 lane, j in order: acc = fma(dot_j, fl(dw_j dx_j), acc), then (all
+ * but Q8_0) acc = fma(m_j, xs_j, acc): the same operations whatever M, the pass or the thread
+ * (batch and thread invariant as the rest). The same numbers as the stored layout's kernel up to
+ * fp32 rounding (that one sums 8 lanes and adds them at the end).
+ * Built only where vpdpbusd is (VNNI, or its exact emulation): AVX2's maddubs would saturate
+ * on Q8_0's +128 quants. */
+#define PACK_ROWS 8
+
+static int has_min(int64_t t) { return t == Q4_1 || t == Q5_1; }
+static int five_bit(int64_t t) { return t == Q5_0 || t == Q5_1; }
+
+/* bytes of a packed block of 8 rows: 8 stored blocks */
+static int64_t pack_block(int64_t t) { return elems(t) == 32 ? PACK_ROWS * block_bytes(t) : 0; }
+
+#if SF_SIMD && defined(DPBUSD)
+#define SF_PACK 1
+#if defined(__AVX512VL__)
+#define MTP 8 /* activation rows per pass: 2 vectors each, 32 registers */
+#else
+#define MTP 4 /* 16 registers */
+#endif
+
+/* fifth bits of group c (elements 4c..4c+3 of each row) at bit 4 of each byte */
+INLINE __m256i fifth(__m256i h, const int c) {
+    const __m256i s = c < 4 ? _mm256_slli_epi16(h, 4 - c) : c > 4 ? _mm256_srli_epi16(h, c - 4) : h;
+    return _mm256_and_si256(s, _mm256_set1_epi8(0x10));
+}
+
+INLINE __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Rows r_lo .. r_hi - 1 of the 8-row group at g (type T), activation rows m0 .. m0 + NM - 1:
+ * out[r * ldo + m]. */
+INLINE void tile_pack(const int T, const int NM, const uint8_t *g, int64_t K, const Act32 *a, int64_t m0,
+                      float *out, int64_t ldo, int r_lo, int r_hi) {
+    const int64_t nb = K / 32, pb = PACK_ROWS * (T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34);
+    const int M1 = T == Q4_1 || T == Q5_1, F5 = T == Q5_0 || T == Q5_1;
+    __m256 acc[MTP];
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) acc[mm] = _mm256_setzero_ps();
+    const int8_t *xq = a->q + m0 * K;
+    const float *xd = a->d + m0 * nb, *xs = a->s + m0 * nb;
+    const int32_t *xi = T == Q8_0 ? a->isum + m0 * nb : NULL;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int64_t j = 0; j < nb; j++) {
+        const uint8_t *b = g + j * pb;
+        const int8_t *x = xq + 32 * j;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        __m256i s[MTP];
+        if (T == Q8_0) {
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++) s[mm] = _mm256_set1_epi32(-128 * xi[mm * nb + j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+#pragma GCC unroll 8
+                for (int mm = 0; mm < NM; mm++) s[mm] = DPBUSD(s[mm], wq, bcast4(x + mm * K + 4 * c));
+            }
+        } else {
+            const uint8_t *qs = b + 16 + 16 * M1 + 32 * F5;
+            const __m256i h = F5 ? _mm256_loadu_si256((const __m256i *)(b + 16 + 16 * M1)) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++) s[mm] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (F5) {
+                    lo = _mm256_or_si256(lo, fifth(h, c));
+                    hi = _mm256_or_si256(hi, fifth(h, c + 4));
+                }
+#pragma GCC unroll 8
+                for (int mm = 0; mm < NM; mm++) {
+                    s[mm] = DPBUSD(s[mm], lo, bcast4(x + mm * K + 4 * c));
+                    s[mm] = DPBUSD(s[mm], hi, bcast4(x + mm * K + 16 + 4 * c));
+                }
+            }
+        }
+        const __m256 mw = M1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
+                        : _mm256_mul_ps(dw, _mm256_set1_ps(T == Q4_0 ? -8.f : -16.f)); /* exact */
+#pragma GCC unroll 8
+        for (int mm = 0; mm < NM; mm++) {
+            acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[mm]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[mm * nb + j])),
+                                      acc[mm]);
+            if (T != Q8_0) acc[mm] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[mm * nb + j]), acc[mm]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) {
+        float v[8] __attribute__((aligned(32)));
+        _mm256_store_ps(v, acc[mm]);
+        for (int r = r_lo; r < r_hi; r++) out[(int64_t)r * ldo + m0 + mm] = v[r];
+    }
+}
+
+/* out[(i - i0) * M + m] = W[row i] . x[m] for part-local rows i0 <= i < i1 of a packed part of
+ * type T, activation rows 0..M-1 in passes of MTP (then 4, 2, 1); the groups the rows touch are
+ * computed whole (their other rows are not written). */
+INLINE void pack_rows_t(const int T, const uint8_t *pack, int64_t i0, int64_t i1, int64_t K, const Act32 *a,
+                        int64_t M, float *out) {
+    const int64_t gbytes = K / 32 * pack_block(T);
+    for (int64_t m0 = 0; m0 < M;) {
+        const int64_t left = M - m0;
+        const int nm = left >= MTP ? MTP : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        for (int64_t g = i0 / PACK_ROWS; g * PACK_ROWS < i1; g++) {
+            const int64_t r0 = g * PACK_ROWS;
+            const int lo = (int)((i0 > r0 ? i0 : r0) - r0), hi = (int)((i1 < r0 + PACK_ROWS ? i1 : r0 + PACK_ROWS) - r0);
+            float *o = out + (r0 - i0) * M; /* row r of the group at o + r * M; only lo..hi-1 written */
+            const uint8_t *gp = pack + g * gbytes;
+            switch (nm) {
+#if MTP == 8
+            case 8: tile_pack(T, 8, gp, K, a, m0, o, M, lo, hi); break;
+#endif
+            case 4: tile_pack(T, 4, gp, K, a, m0, o, M, lo, hi); break;
+            case 2: tile_pack(T, 2, gp, K, a, m0, o, M, lo, hi); break;
+            default: tile_pack(T, 1, gp, K, a, m0, o, M, lo, hi); break;
+            }
+        }
+        m0 += nm;
+    }
+}
+
+static void pack_rows(int64_t t, const uint8_t *pack, int64_t i0, int64_t i1, int64_t K, const Act32 *a, int64_t M,
+                      float *out) {
+    switch (t) {
+    case Q4_0: pack_rows_t(Q4_0, pack, i0, i1, K, a, M, out); break;
+    case Q4_1: pack_rows_t(Q4_1, pack, i0, i1, K, a, M, out); break;
+    case Q5_0: pack_rows_t(Q5_0, pack, i0, i1, K, a, M, out); break;
+    case Q5_1: pack_rows_t(Q5_1, pack, i0, i1, K, a, M, out); break;
+    default: pack_rows_t(Q8_0, pack, i0, i1, K, a, M, out); break;
+    }
+}
+#else
+#define SF_PACK 0
+#endif
+
+/* Bytes of a packed copy of `rows` rows of K columns of type t on this build (the stored size,
+ * padded to whole groups of 8 rows): 0 where it runs no packed kernel for t (the K-quants;
+ * builds without vpdpbusd). */
+int64_t sf_qlinear_pack_bytes(int64_t t, int64_t rows, int64_t K) {
+    if (!SF_PACK || !pack_block(t) || K < 32 || K % 32 || rows < 0) return 0;
+    return (rows + PACK_ROWS - 1) / PACK_ROWS * (K / 32) * pack_block(t);
+}
+
+/* The packed copy of `rows` rows of type t (row r at w + r * row_bytes) into out
+ * (sf_qlinear_pack_bytes of them). Returns 0; -1 for bad arguments. */
+int sf_qlinear_pack(int64_t t, const uint8_t *w, int64_t rows, int64_t row_bytes, int64_t K, uint8_t *out) {
+    const int64_t nb = K / 32, bs = block_bytes(t), pb = pack_block(t);
+    if (!sf_qlinear_pack_bytes(t, rows, K) || row_bytes < nb * bs || !w || !out) return -1;
+    const int M1 = has_min(t), F5 = five_bit(t);
+    const uint8_t zero[34] = {0};
+    for (int64_t g = 0; g * PACK_ROWS < rows; g++)
+        for (int64_t j = 0; j < nb; j++) {
+            uint8_t *b = out + (g * nb + j) * pb;
+            for (int r = 0; r < PACK_ROWS; r++) {
+                const int64_t row = g * PACK_ROWS + r;
+                /* a padding row: zero scales, so its outputs are 0 (and never written) */
+                const uint8_t *src = row < rows ? w + row * row_bytes + j * bs : zero;
+                memcpy(b + 2 * r, src, 2);
+                if (t == Q8_0) {
+                    for (int c = 0; c < 8; c++)
+                        for (int e = 0; e < 4; e++) b[16 + 32 * c + 4 * r + e] = (uint8_t)(src[2 + 4 * c + e] ^ 0x80);
+                    continue;
+                }
+                if (M1) memcpy(b + 16 + 2 * r, src + 2, 2);
+                const uint8_t *qs = src + 2 + 2 * M1 + 4 * F5;
+                if (F5) {
+                    uint32_t qh;
+                    memcpy(&qh, src + 2 + 2 * M1, 4);
+                    for (int e = 0; e < 4; e++) {
+                        uint8_t v = 0;
+                        for (int c = 0; c < 8; c++) v |= (uint8_t)(((qh >> (4 * c + e)) & 1) << c);
+                        b[16 + 16 * M1 + 4 * r + e] = v;
+                    }
+                }
+                uint8_t *dq = b + 16 + 16 * M1 + 32 * F5;
+                for (int c = 0; c < 4; c++)
+                    for (int e = 0; e < 4; e++) dq[32 * c + 4 * r + e] = qs[4 * c + e];
+            }
+        }
+    return 0;
+}
+
+/* A part's rows [i0, i1) (part-local) into y[m * ldy + i - i0 + col] (fp32 or bf16): on its packed
+ * copy (a build that runs one), else rows_dot on the stored blocks in groups of g rows. tmp:
+ * ROW_GROUP * M floats. */
+static void own_rows(const QPart *P, int64_t i0, int64_t i1, int64_t K, const Act32 *a32, const Act256 *a256,
+                     int64_t M, float *tmp, void *y, int y_bf16, int64_t ldy, int64_t col, const float *bias) {
+#if SF_PACK
+    const int packed = P->pack && pack_block(P->type) && (P->type != Q8_0 || a32->isum);
+#else
+    const int packed = 0;
+#endif
+    /* packed: slices ending on a group boundary, ROW_GROUP rows at most */
+    const int64_t g = packed ? ROW_GROUP : row_group(P->row_bytes);
+    for (int64_t i = i0; i < i1;) {
+        int64_t e = packed ? (i / PACK_ROWS) * PACK_ROWS + g : i + g;
+        e = e < i1 ? e : i1;
+        const int64_t R = e - i;
+#if SF_PACK
+        if (packed) pack_rows(P->type, P->pack, i, e, K, a32, M, tmp);
+        else
+#endif
+            rows_dot(P->type, P->data + i * P->row_bytes, P->row_bytes, R, K, a32, a256, M, tmp);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t r = 0; r < R; r++) {
+                const float v = tmp[r * M + m] + (bias ? bias[i + r] : 0.f);
+                if (y_bf16) ((uint16_t *)y)[m * ldy + col + r] = float_to_bf16(v);
+                else ((float *)y)[m * ldy + col + r] = v;
+            }
+        col += R;
+        i = e;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* external kernels (QExt)                                                                   */
 
 #define EXT_ROWS 256      /* weight rows per call of an external kernel, at most */
@@ -859,16 +1097,7 @@ static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xs
             base += P->rows;
             continue;
         }
-        const int64_t g = row_group(P->row_bytes);
-        for (int64_t n = lo; n < hi; n += g) {
-            const int64_t R = hi - n < g ? hi - n : g;
-            rows_dot(P->type, P->data + (n - base) * P->row_bytes, P->row_bytes, R, J->K, J->a32, J->a256, J->M, out);
-            for (int64_t m = 0; m < J->M; m++)
-                for (int64_t r = 0; r < R; r++) {
-                    if (J->y_bf16) ((uint16_t *)J->y)[m * J->N + n + r] = float_to_bf16(out[r * J->M + m]);
-                    else ((float *)J->y)[m * J->N + n + r] = out[r * J->M + m];
-                }
-        }
+        if (lo < hi) own_rows(P, lo - base, hi - base, J->K, J->a32, J->a256, J->M, out, J->y, J->y_bf16, J->N, lo, NULL);
         base += P->rows;
     }
 }
@@ -961,7 +1190,7 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
     threads = threads < 1 ? 1 : threads > MAX_HELPERS + 1 ? MAX_HELPERS + 1 : threads;
     if (threads > 1 && work / MIN_WORK < threads) threads = work / MIN_WORK > 1 ? (int)(work / MIN_WORK) : 1;
     int64_t chunk = (N + 16 * threads - 1) / (16 * threads);
-    chunk = chunk < 8 ? 8 : chunk;
+    chunk = chunk < 8 ? 8 : (chunk + 7) & ~(int64_t)7; /* whole groups of the packed kernel's 8 rows */
     if (threads > 1 && (N + chunk - 1) / chunk < 2) threads = 1;
     const int pooled = threads > 1 && pthread_mutex_trylock(&pool.call) == 0;
     const int helpers = pooled ? ensure_helpers(threads - 1) : 0;
@@ -974,6 +1203,7 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
         a32.q = malloc((size_t)(M * K));
         a32.d = malloc(sizeof(float) * M * (K / 32));
         a32.s = malloc(sizeof(float) * M * (K / 32));
+        a32.isum = malloc(sizeof(int32_t) * M * (K / 32));
     }
     if (need256) {
         a256.q = malloc((size_t)(M * K));
@@ -981,7 +1211,7 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
         a256.bsums = malloc(sizeof(int16_t) * M * (K / 16));
     }
     int rc = 0;
-    if (!scratch || (need32 && (!a32.q || !a32.d || !a32.s)) || (need256 && (!a256.q || !a256.d || !a256.bsums))) {
+    if (!scratch || (need32 && (!a32.q || !a32.d || !a32.s || !a32.isum)) || (need256 && (!a256.q || !a256.d || !a256.bsums))) {
         rc = -2;
         goto done;
     }
@@ -1019,7 +1249,7 @@ int sf_qlinear(const QPart *parts, int64_t n_parts, int64_t K, int64_t M, const 
 done:
     if (pooled) pthread_mutex_unlock(&pool.call);
     free(scratch);
-    free(a32.q); free(a32.d); free(a32.s);
+    free(a32.q); free(a32.d); free(a32.s); free(a32.isum);
     free(a256.q); free(a256.d); free(a256.bsums);
     return rc;
 }
@@ -1057,5 +1287,35 @@ int sf_qlinear_q256(int64_t t, const uint8_t *w, const int8_t *xq, const float *
     const Act256 a256 = {(int8_t *)xq, (float *)xd, (int16_t *)bsums};
     own_rows_t(t, w, k / 256 * bs, n, k, &none, &a256, batch, y, tmp);
     free(tmp);
+    return 0;
+}
+
+/* sf_qlinear_q32 on a weight's packed copy (sf_qlinear_pack of its n rows): what the engine runs
+ * for a weight of type t on a build with a packed kernel for it, in the same ABI (Q8_0's
+ * activation sums are taken from xq here). The yardstick of the kernel factory's problem of
+ * that type on such a build. Returns 0; -1 for bad arguments or a build without the packed
+ * kernel for t; -2 if scratch memory could not be allocated. */
+int sf_qlinear_q32_packed(int64_t t, const uint8_t *pack, const int8_t *xq, const float *xd, const float *xs,
+                          float *y, int64_t n, int64_t k, int64_t batch) {
+    if (!sf_qlinear_pack_bytes(t, n, k) || !pack || n < 1 || batch < 1) return -1;
+    const int64_t nb = k / 32;
+    float *tmp = malloc(sizeof(float) * (size_t)(ROW_GROUP * batch));
+    int32_t *isum = malloc(sizeof(int32_t) * (size_t)(batch * nb));
+    if (!tmp || !isum) {
+        free(tmp);
+        free(isum);
+        return -2;
+    }
+    for (int64_t i = 0; t == Q8_0 && i < batch * nb; i++) {
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += xq[32 * i + e];
+        isum[i] = s;
+    }
+    const Act32 a32 = {(int8_t *)xq, (float *)xd, (float *)xs, isum};
+    const Act256 none = {0};
+    const QPart P = {t, n, nb * block_bytes(t), pack, NULL, pack}; /* data unused by the packed path */
+    own_rows(&P, 0, n, k, &a32, &none, batch, tmp, y, 0, n, 0, NULL);
+    free(tmp);
+    free(isum);
     return 0;
 }

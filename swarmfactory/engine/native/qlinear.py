@@ -61,7 +61,7 @@ def runnable_paths(features: frozenset[str] | None = None) -> list[IsaPath]:
 
 class _Part(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int64), ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64),
-                ("data", ctypes.c_void_p), ("ext", ctypes.c_void_p)]
+                ("data", ctypes.c_void_p), ("ext", ctypes.c_void_p), ("pack", ctypes.c_void_p)]
 
 
 def source() -> str:
@@ -90,6 +90,12 @@ def load_library(path: IsaPath | tuple[str, ...]):
     lib.sf_qlinear_isa.restype = ctypes.c_char_p
     lib.sf_qlinear_q32.restype = c_int
     lib.sf_qlinear_q32.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
+    lib.sf_qlinear_q32_packed.restype = c_int
+    lib.sf_qlinear_q32_packed.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
+    lib.sf_qlinear_pack_bytes.restype = i64
+    lib.sf_qlinear_pack_bytes.argtypes = [i64, i64, i64]
+    lib.sf_qlinear_pack.restype = c_int
+    lib.sf_qlinear_pack.argtypes = [i64, p, i64, i64, i64, p]
     lib.sf_qlinear_q256.restype = c_int
     lib.sf_qlinear_q256.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
     f32 = ctypes.c_float  # the block step (qstep.c, native/qstep.py)
@@ -120,6 +126,31 @@ class Packed:
                                                   for p, b in zip(weight.parts, self.blocks)])
         self.n_parts, self.rows, self.cols = len(self.blocks), weight.rows, weight.cols
         self.exts = None  # the factory's kernels its parts point at (native/qext.py ``Exts.attach``)
+        self.packs: list[torch.Tensor | None] = [None] * self.n_parts
+
+    def use(self, lib) -> "Packed":
+        """Give each part the packed copy ``lib``'s kernel runs it on, where it runs one
+        (qlinear.c ``sf_qlinear_pack``: Q8_0 on a build with vpdpbusd), made once; the stored
+        blocks stay (the factory's kernels, the audit and the other builds read them). The layout
+        is the same on every build that packs, so a copy made for one serves them all."""
+        for i, (part, blocks) in enumerate(zip(self.parts, self.blocks)):
+            if self.packs[i] is not None:
+                continue
+            size = lib.sf_qlinear_pack_bytes(part.type, part.rows, self.cols)
+            if size <= 0:
+                continue
+            pack = torch.empty(size, dtype=torch.uint8)
+            if lib.sf_qlinear_pack(part.type, blocks.data_ptr(), part.rows, part.row_bytes, self.cols,
+                                   pack.data_ptr()):
+                raise ValueError(f"sf_qlinear_pack refused part {i} ({part.rows} x {self.cols})")
+            self.packs[i] = pack
+            part.pack = pack.data_ptr()
+        return self
+
+    @property
+    def pack_bytes(self) -> int:
+        """Bytes held by packed copies (beside the stored blocks)."""
+        return sum(p.numel() for p in self.packs if p is not None)
 
     def __call__(self, lib, x: torch.Tensor, threads: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """y [M, rows] = x [M, cols] @ W.T; x fp32 or bf16, y in ``out_dtype`` (default x's)."""
@@ -127,6 +158,7 @@ class Packed:
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         out_dtype = out_dtype or x.dtype
+        self.use(lib)
         y = torch.empty(x.shape[0], self.rows, dtype=out_dtype)
         rc = lib.sf_qlinear(self.parts, self.n_parts, self.cols, x.shape[0], x.data_ptr(),
                             x.dtype == torch.bfloat16, y.data_ptr(), out_dtype == torch.bfloat16, threads)

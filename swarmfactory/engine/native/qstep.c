@@ -82,7 +82,8 @@ static void gated(int act, const float *g, const float *u, float *f, int64_t n) 
  * The activations were quantised by q_quantize for W's cols. */
 static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_t ldy) {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t n0 = W->rows * t / nt, n1 = W->rows * (t + 1) / nt;
+    /* on whole groups of 8 rows, as the packed kernel computes them */
+    const int64_t n0 = (W->rows * t / nt) & ~(int64_t)7, n1 = t + 1 == nt ? W->rows : (W->rows * (t + 1) / nt) & ~(int64_t)7;
     float *out = Q->tmp + (int64_t)t * Q->max_b * ROW_GROUP;
     int64_t base = 0;
     for (int64_t p = 0; p < W->n_parts; p++) {
@@ -102,15 +103,9 @@ static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_
             base += P->rows;
             continue;
         }
-        const int64_t g = row_group(P->row_bytes);
-        for (int64_t n = lo; n < hi; n += g) {
-            const int64_t R = hi - n < g ? hi - n : g;
-            rows_dot(P->type, P->data + (n - base) * P->row_bytes, P->row_bytes, R, W->cols, &Q->a32, &Q->a256, M,
-                     out);
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t r = 0; r < R; r++)
-                    y[m * ldy + n + r] = out[r * M + m] + (W->bias ? W->bias[n + r] : 0.f);
-        }
+        if (lo < hi)
+            own_rows(P, lo - base, hi - base, W->cols, &Q->a32, &Q->a256, M, out, y, 0, ldy, lo,
+                     W->bias ? W->bias + base : NULL);
         base += P->rows;
     }
 #pragma omp barrier
@@ -268,7 +263,7 @@ void sf_qstep_free(QModel *Q) {
     if (!Q) return;
     free(Q->x); free(Q->h); free(Q->qkv); free(Q->att); free(Q->gu); free(Q->ff); free(Q->tmp); free(Q->xtmp);
     free(Q->scores);
-    free(Q->a32.q); free(Q->a32.d); free(Q->a32.s);
+    free(Q->a32.q); free(Q->a32.d); free(Q->a32.s); free(Q->a32.isum);
     free(Q->a256.q); free(Q->a256.d); free(Q->a256.bsums);
     free(Q);
 }
@@ -326,11 +321,11 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
         return NULL;
     }
     Q->a32 = (Act32){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 32 + 1)),
-                     malloc(sizeof(float) * max_b * (k / 32 + 1))};
+                     malloc(sizeof(float) * max_b * (k / 32 + 1)), malloc(sizeof(int32_t) * max_b * (k / 32 + 1))};
     Q->a256 = (Act256){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 256 + 1)),
                        malloc(sizeof(int16_t) * max_b * (k / 16 + 1))};
     if (!Q->x || !Q->h || !Q->qkv || !Q->att || !Q->gu || !Q->ff || !Q->tmp || !Q->scores || !Q->a32.q ||
-        !Q->a32.d || !Q->a32.s || !Q->a256.q || !Q->a256.d || !Q->a256.bsums) {
+        !Q->a32.d || !Q->a32.s || !Q->a32.isum || !Q->a256.q || !Q->a256.d || !Q->a256.bsums) {
         sf_qstep_free(Q);
         return NULL;
     }

@@ -124,6 +124,7 @@ class BlockDecoder:
             key = ("head", op) if op == "lm_head" else (idx // 4, op)
             k = kernels.get(key)
             packed = k.packed if isinstance(k, QNative) else Packed(Weight([gg.tensor(n) for n in names]))
+            packed.use(self.lib)
             if lib.qexts is not None:
                 lib.qexts.attach(packed)
             self._keep.append(packed)

@@ -258,9 +258,10 @@ class _Ops:
         return w, x.contiguous()
 
     def baseline_engine_qnative(self, t):
-        """The engine's own kernel for this type (qlinear.c's ``sf_qlinear_q32``: the kernel its
-        ``qnative`` ops and block step run on each thread's piece of rows), in the library the
-        engine runs (``qlinear.loaded``: the best ISA path of this CPU that passed its check),
+        """The engine's own kernel for this type (qlinear.c's ``sf_qlinear_q32``, or where this
+        CPU's build packs the type ``sf_qlinear_q32_packed`` on the copy packed at setup: the
+        kernel its ``qnative`` ops and block step run on each thread's piece of rows), in the
+        library the engine runs (``qlinear.loaded``: the best ISA path of this CPU that passed its check),
         single-threaded as the engine calls it, timed in a C loop as a candidate is. The same
         numerics as the reference (not a lower-precision competitor). RuntimeError, with the
         reason, where no build of it passes its check here (the harness skips it loudly)."""
@@ -350,9 +351,18 @@ class EngineQ32:
         if fn.argtypes is None:  # the same form as sf_qlinear_q32 (load_library declares those it knows)
             i64, p = ctypes.c_int64, ctypes.c_void_p
             fn.restype, fn.argtypes = ctypes.c_int, [i64, p, p, p, p, p, i64, i64, i64]
-        self.symbol = symbol
         n, k, batch = int(t["n"]), int(t["k"]), int(t["batch"])
         self._keep = [torch.as_tensor(t[a]).contiguous() for a in arrays]
+        if symbol == "sf_qlinear_q32" and loaded.lib.sf_qlinear_pack_bytes(int(qtype), n, k) > 0:
+            # this build runs the type on its packed copy (qlinear.c sf_qlinear_pack): so does the
+            # yardstick, the copy made here, outside the timed calls, as the engine makes it at load
+            pack = torch.empty(loaded.lib.sf_qlinear_pack_bytes(int(qtype), n, k), dtype=torch.uint8)
+            w = self._keep[0]
+            if loaded.lib.sf_qlinear_pack(int(qtype), w.data_ptr(), n, w.numel() // max(n, 1), k, pack.data_ptr()):
+                raise RuntimeError(f"engine_qnative: sf_qlinear_pack refused a {n} x {k} weight")
+            symbol, fn = "sf_qlinear_q32_packed", loaded.lib.sf_qlinear_q32_packed
+            self._keep[0] = pack
+        self.symbol = symbol
         self.y = torch.empty(batch, n, dtype=torch.float32)
         self._args = [int(qtype), *(a.data_ptr() for a in self._keep), self.y.data_ptr(), n, k, batch]
         self._fn, self._loop = fn, _loop()
