@@ -6,7 +6,8 @@ Each type whose block fits K (the K-quants need K % 256 == 0) at M = 1, 4, 16, 6
 ``qnative`` with fp32 and with bf16 activations; ``kernels.Dense`` with the weight dequantised
 to fp32 (sgemm) and to bf16 (oneDNN prepacked, or fp32 sgemm on bf16-rounded weights where
 this CPU has no bf16 path); torch's int4 kernel where it applies (Q4_1: ``int4pack``, Q8_0:
-``int4x2``; bf16 only). The weights are random blocks with realistic scales (speed does not
+``int4x2``; bf16 only); where this build runs a type on its packed copy (qlinear.c, the
+32-element types with vpdpbusd), ``stored fp32``: the stored layout's kernel, fp32. The weights are random blocks with realistic scales (speed does not
 depend on the values); each shape's result is checked against the dequantised reference first.
 
 Each contender rotates over copies of its weights covering twice the last-level cache, so every
@@ -130,6 +131,13 @@ class Rotating:
         return k(x)
 
 
+def _stored(weight: Weight, dtype: torch.dtype):
+    """qnative on the stored blocks, no packed copy (what a build without vpdpbusd runs)."""
+    k = kernel_class("qnative")(weight, dtype)
+    k.packed.unpack()
+    return k
+
+
 def weights_for(qtype: QT, K: int, N: int, seed: int) -> tuple[Weight, Weight]:
     """Random blocks of ``qtype`` and the same weight dequantised, as an fp32 tensor."""
     part = ql.random_part(qtype, N, K, seed, name=f"{qtype.name}[{N}x{K}]")
@@ -190,10 +198,13 @@ def main(argv=None) -> int:
             stored = sum(p.blocks().numel() for p in weight.parts)
             verify(qnative(weight, torch.float32), weight, K)
             kern = {dt: Rotating(qnative, weight, dt, stored, cache) for dt in (torch.float32, torch.bfloat16)}
+            packs = loaded.lib.sf_qlinear_pack_bytes(int(qtype), N, K) > 0
             bf16_bytes = (2 if check("bf16_prepack").ok else 4) * N * K
             base = {"dense fp32": (Rotating(Dense, dense_w, torch.float32, 4 * N * K, cache), torch.float32),
                     "dense bf16": (Rotating(Dense, dense_w, torch.bfloat16, bf16_bytes, cache), torch.bfloat16)}
             del dense_w
+            if packs:  # this build runs the type on a packed copy: the stored layout's kernel beside it
+                base["stored fp32"] = (Rotating(_stored, weight, torch.float32, stored, cache), torch.float32)
             if int4_ok and qtype in (QT.Q4_1, QT.Q8_0):
                 int4 = Int4Pack if qtype == QT.Q4_1 else Int4x2
                 int4_bytes = N * K // (2 if qtype == QT.Q4_1 else 1)
@@ -238,8 +249,8 @@ def _print(console: Console, rows: list[dict], env: dict) -> None:
                     f"us ({clock}) per call "
                     f"(threads, the faster of 1 and {env['threads']}); ratio = their time / qnative's "
                     f"(>1: qnative faster), median [95% CI]")
-    for col in ("op", "K", "N", "type", "M", "qnative fp32 us", "GB/s", "qnative bf16 us", "dense fp32 us", "ratio",
-                "dense bf16 us", "ratio ", "int4 us", "ratio  ", "waited", "others", "load"):
+    for col in ("op", "K", "N", "type", "M", "qnative fp32 us", "GB/s", "qnative bf16 us", "stored us", "ratio   ",
+                "dense fp32 us", "ratio", "dense bf16 us", "ratio ", "int4 us", "ratio  ", "waited", "others", "load"):
         t.add_column(col, justify="left" if col in ("op", "type") else "right")
     for r in rows:
         us = r["us"]
@@ -254,15 +265,17 @@ def _print(console: Console, rows: list[dict], env: dict) -> None:
 
         def tu(name, r=r):
             return f"{r['us'][name]:.1f} ({r['threads'][name]})"
+        stored = "stored fp32" in us
         t.add_row(r["op"], str(r["K"]), str(r["N"]), r["type"], str(r["M"]), tu("qnative fp32"),
                   f"{r['stored_bytes'] / us['qnative fp32'] / 1e3:.1f}", tu("qnative bf16"),
-                  tu("dense fp32"), rc("dense fp32"), tu("dense bf16"), rc("dense bf16"),
+                  tu("stored fp32") if stored else "-", rc("stored fp32"), tu("dense fp32"), rc("dense fp32"), tu("dense bf16"), rc("dense bf16"),
                   tu(int4) if int4 else "-", rc(int4) if int4 else "-",
                   "-" if c["suffered"] is None else f"{c['suffered']:.0%}",
                   "-" if c["others"] is None else f"{c['others']:.0%}", f"{r['loadavg'][0]:.2f}")
     console.print(t)
     s, e = env["start"], env["end"]
-    console.print(f"dense bf16 runs as: {env['dense_bf16']}; torch int4 kernel usable: {env['int4pack']}. "
+    console.print(f"'stored': qnative fp32 on the stored blocks, without the packed copy this build runs "
+                  f"(qlinear.c). dense bf16 runs as: {env['dense_bf16']}; torch int4 kernel usable: {env['int4pack']}. "
                   f"Load average (1/5/15 min) at start {s['loadavg']}, at end {e['loadavg']}; "
                   f"'waited': share of each row's time some task waited for a CPU (PSI), "
                   f"'others': other processes' share of these {cpu['cpus']} CPUs.")

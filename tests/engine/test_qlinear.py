@@ -298,29 +298,32 @@ def test_real_gemma_layers_are_within_the_bound(gemma_path):
         _assert_within_bound(weight, x, ql.Packed(weight)(lib, x, threads=2), weight.name)
 
 
-PACKED = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
+# bytes of the packed copy per group of 8 rows and block: the 32-element types' stored bytes, Q4_K's
+# and Q5_K's with their scales as bytes; Q6_K has none (it runs the stored layout)
+PACK_BLOCK = {QT.Q4_0: 144, QT.Q4_1: 160, QT.Q5_0: 176, QT.Q5_1: 192, QT.Q8_0: 272,
+              QT.Q4_K: 1184, QT.Q5_K: 1440, QT.Q6_K: 0}
 
 
 def _mixed_for_packing() -> Weight:
-    """Parts of every packed type and a K-quant, none of them a whole number of 8-row groups, so
-    part boundaries fall inside groups; 223 rows of 16 blocks: work for 3 threads at 17 rows of x
-    (qlinear.c's MIN_WORK), in chunks that cross from one part to the next."""
-    rows = {QT.Q4_0: 21, QT.Q8_0: 61, QT.Q4_K: 30, QT.Q5_1: 13, QT.Q5_0: 53, QT.Q4_1: 45}
+    """Parts of every type, none of them a whole number of 8-row groups, so part boundaries fall
+    inside groups; 304 rows of 512 columns: work for 4 threads at 17 rows of x (qlinear.c's
+    MIN_WORK), in chunks that cross from one part to the next."""
+    rows = {QT.Q4_0: 21, QT.Q8_0: 61, QT.Q4_K: 30, QT.Q5_1: 13, QT.Q5_0: 53, QT.Q6_K: 43, QT.Q4_1: 45, QT.Q5_K: 38}
     return Weight([ql.random_part(t, n, 512, 40 + i, f"w{i}") for i, (t, n) in enumerate(rows.items())])
 
 
-def test_the_vnni_builds_pack_the_32_element_types_in_their_own_bytes(lib):
-    """A build with vpdpbusd (or its exact emulation) keeps a packed copy of each Q4_0, Q4_1,
-    Q5_0, Q5_1 and Q8_0 part: the stored bytes, padded to whole groups of 8 rows; the K-quants
-    and the builds without vpdpbusd keep none."""
+def test_the_vnni_builds_pack_every_block_type_but_q6_k(lib):
+    """A build with vpdpbusd (or its exact emulation) keeps a packed copy of every part but Q6_K's:
+    groups of 8 rows (the last padded), PACK_BLOCK bytes a group and block; a build without keeps
+    none."""
     vnni = "vnni" in lib.sf_qlinear_isa().decode()
     for qt in TYPES:
-        want = 2 * 3 * GGML_QUANT_SIZES[qt][1] * 8 if vnni and qt in PACKED else 0
-        assert lib.sf_qlinear_pack_bytes(int(qt), 13, 96) == want, qt.name
+        blocks = 1536 // GGML_QUANT_SIZES[qt][0]
+        assert lib.sf_qlinear_pack_bytes(int(qt), 13, 1536) == (2 * blocks * PACK_BLOCK[qt] if vnni else 0), qt.name
     weight = _mixed_for_packing()
     packed = ql.Packed(weight).use(lib)
-    assert packed.pack_bytes == (sum(-(-p.rows // 8) * 8 * 16 * GGML_QUANT_SIZES[p.qtype][1]
-                                     for p in weight.parts if p.qtype in PACKED) if vnni else 0)
+    assert packed.pack_bytes == (sum(-(-p.rows // 8) * (512 // GGML_QUANT_SIZES[p.qtype][0]) * PACK_BLOCK[p.qtype]
+                                     for p in weight.parts) if vnni else 0)
 
 
 def test_packed_parts_are_within_the_bound_and_invariant_across_batches_and_threads(lib):
@@ -330,7 +333,7 @@ def test_packed_parts_are_within_the_bound_and_invariant_across_batches_and_thre
     x = _x(17, 512, 4)
     one = packed(lib, x, threads=1)
     _assert_within_bound(weight, x, one, "mixed packed parts", ref)
-    for threads in (2, 3):
+    for threads in (2, 4):
         assert torch.equal(packed(lib, x, threads=threads), one)
     for M in (1, 2, 3, 5, 8, 9):
         y = packed(lib, x[:M], threads=2)
@@ -341,23 +344,23 @@ def test_packed_parts_are_within_the_bound_and_invariant_across_batches_and_thre
 
 
 def test_the_packed_copy_is_what_a_vnni_build_reads(lib):
-    """Zeroing the packed copies zeroes exactly those parts' outputs: the kernel runs on them
-    (the stored blocks, unchanged, serve the K-quant part and the factory's kernels)."""
+    """Zeroing one part's packed copy zeroes exactly that part's outputs: the kernel runs on the
+    copies (the stored blocks, unchanged, serve the factory's kernels, the audit and Q6_K)."""
     if "vnni" not in lib.sf_qlinear_isa().decode():
         pytest.skip(f"the {lib.sf_qlinear_isa().decode()} build packs nothing")
     weight = _mixed_for_packing()
     packed = ql.Packed(weight)
     x = _x(9, 512, 0)
     before = packed(lib, x, threads=2)
-    for p in packed.packs:
-        if p is not None:
-            p.zero_()
-    after = packed(lib, x, threads=2)
-    col = 0
+    cols = [0]
     for part in weight.parts:
-        got, was = after[:, col:col + part.rows], before[:, col:col + part.rows]
-        if part.qtype in PACKED:
-            assert (got == 0).all() and (was != 0).any(), part.name
-        else:
-            assert torch.equal(got, was), part.name
-        col += part.rows
+        cols.append(cols[-1] + part.rows)
+    assert [p is None for p in packed.packs] == [part.qtype == QT.Q6_K for part in weight.parts]
+    for i, part in enumerate(weight.parts):
+        if packed.packs[i] is None:
+            continue
+        packed.packs[i].zero_()
+        after = packed(lib, x, threads=2)
+        assert (after[:, cols[i]:cols[i + 1]] == 0).all() and (before[:, cols[i]:cols[i + 1]] != 0).any(), part.name
+        assert torch.equal(after[:, cols[i + 1]:], before[:, cols[i + 1]:]), part.name
+        before = after

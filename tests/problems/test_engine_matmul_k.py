@@ -35,13 +35,34 @@ SAMPLES = {
 
 
 def engine_packed(lib, qt: QT, w: np.ndarray, n: int, k: int, x: np.ndarray) -> np.ndarray:
-    """The engine's whole linear layer on fp32 x (its own quantisation), one thread."""
+    """The engine's whole linear layer on fp32 x (its own quantisation), one thread, on the stored
+    blocks (the kernel the template's defaults are; a build with vpdpbusd runs the engine on a
+    packed copy: ``engine_q256_packed``)."""
     from swarmfactory.engine.gguf_loader import QuantTensor
     from swarmfactory.engine.kernels import Weight
     from swarmfactory.engine.native import qlinear
 
     part = QuantTensor("w", qt, n, k, np.ascontiguousarray(w).reshape(n, -1))
-    return qlinear.Packed(Weight([part]))(lib, torch.from_numpy(np.ascontiguousarray(x, np.float32)), 1).numpy()
+    packed = qlinear.Packed(Weight([part]))
+    packed.pack = False
+    return packed(lib, torch.from_numpy(np.ascontiguousarray(x, np.float32)), 1).numpy()
+
+
+def engine_q256_packed(lib, qt: QT, inputs: dict) -> np.ndarray | None:
+    """sf_qlinear_q256_packed on sf_qlinear_pack's copy: what a build with vpdpbusd runs; None on
+    a build without."""
+    n, k, b = inputs["n"], inputs["k"], inputs["batch"]
+    size = lib.sf_qlinear_pack_bytes(int(qt), n, k)
+    if size <= 0:
+        return None
+    w = np.ascontiguousarray(inputs["w"])
+    pack = np.empty(size, np.uint8)
+    assert lib.sf_qlinear_pack(int(qt), w.ctypes.data, n, w.size // n, k, pack.ctypes.data) == 0
+    y = np.full((b, n), np.nan, np.float32)
+    args = [np.ascontiguousarray(inputs[a]) for a in ("xq", "xd", "bsums")]
+    assert lib.sf_qlinear_q256_packed(int(qt), pack.ctypes.data, *(a.ctypes.data for a in args), y.ctypes.data,
+                                      n, k, b) == 0
+    return y
 
 
 def engine_q256(lib, qt: QT, inputs: dict) -> np.ndarray:
@@ -146,8 +167,9 @@ def test_activation_quantiser_is_the_engines(compiler, kernel_call):
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_default_is_the_engines_kernel_bitwise(qt, compiler, kernel_call):
     """The seed is qlinear.c's own code: on quantize_rows_256(x) the same bits as the engine's
-    linear layer on x, and on the problem's inputs the same as sf_qlinear_q256 and the baseline
-    that runs it (once, and in its C loop)."""
+    linear layer on x (stored layout), and on the problem's inputs the same as sf_qlinear_q256;
+    the baseline (once, and in its C loop) is what the engine runs: that kernel, or where this
+    build packs the K-quants its packed kernel, which agrees with it to fp32 rounding."""
     lib = same_path_lib()
     p = problem(qt)
     fn = compiler.load(p, p.render())
@@ -163,6 +185,11 @@ def test_default_is_the_engines_kernel_bitwise(qt, compiler, kernel_call):
             want = engine_q256(lib, qt, inputs)
             assert np.array_equal(call(kernel_call, p, fn, inputs), want, equal_nan=True), (n, k, batch, dist)
     base = p.baselines["engine_qnative"](to_torch(inputs))
+    packed = engine_q256_packed(lib, qt, inputs)
+    if packed is not None:
+        assert base.symbol == "sf_qlinear_q256_packed"
+        assert np.allclose(packed, want, rtol=1e-4, atol=1e-4 * np.nanmax(np.abs(want)), equal_nan=True), "packed"
+        want = packed
     assert np.array_equal(base().numpy(), want, equal_nan=True)
     base.y.fill_(0.0)
     base.loop(3)

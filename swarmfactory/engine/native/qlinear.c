@@ -672,8 +672,22 @@ static void own_rows_t(int64_t t, const uint8_t *w, int64_t rb, int64_t R, int64
 static int has_min(int64_t t) { return t == Q4_1 || t == Q5_1; }
 static int five_bit(int64_t t) { return t == Q5_0 || t == Q5_1; }
 
-/* bytes of a packed block of 8 rows: 8 stored blocks */
-static int64_t pack_block(int64_t t) { return elems(t) == 32 ? PACK_ROWS * block_bytes(t) : 0; }
+/* Q4_K and Q5_K packed (sf_qlinear_pack), per 8-row group and super-block of 256, the 8 rows'
+ * bytes rearranged: fp16 d[8], dmin[8]; the 6-bit scales sc[sub-block 0..7][row] and mins
+ * m[sub-block][row] as bytes; (Q5_K) the fifth bits, 8 x (8 rows x 4 bytes): byte e of plane p
+ * is the row's stored qh[4p + e] (bit j: element 32j + 4p + e); the nibbles, 4 x 8 x (8 rows x 4
+ * bytes): byte e of (c, p) is the row's qs[32c + 4p + e] (low nibble: element 64c + 4p + e,
+ * high: 64c + 32 + 4p + e). Per super-block and lane (row) the stored layout's two integer sums,
+ * sum_j sc_j dot_j and sum_j m_j bsum_j, then acc = fma(isum, d dx, acc) and
+ * acc = fnmadd(msum, dmin dx, acc). Q6_K stays on the stored layout: its 6-bit quants in this
+ * form cost more to unpack than the layout saved (measured 0.6-0.9x on a Zen 4). */
+static int64_t pack_block_k(int64_t t) {
+    return t == Q4_K ? 32 + 128 + 1024 : t == Q5_K ? 32 + 128 + 256 + 1024 : 0;
+}
+
+
+/* bytes of a packed block of 8 rows (32 elements, or a super-block of 256) */
+static int64_t pack_block(int64_t t) { return elems(t) == 32 ? PACK_ROWS * block_bytes(t) : pack_block_k(t); }
 
 #if SF_SIMD && defined(DPBUSD)
 #define SF_PACK 1
@@ -682,6 +696,7 @@ static int64_t pack_block(int64_t t) { return elems(t) == 32 ? PACK_ROWS * block
 #else
 #define MTP 4 /* 16 registers */
 #endif
+
 
 /* fifth bits of group c (elements 4c..4c+3 of each row) at bit 4 of each byte */
 INLINE __m256i fifth(__m256i h, const int c) {
@@ -759,12 +774,91 @@ INLINE void tile_pack(const int T, const int NM, const uint8_t *g, int64_t K, co
     }
 }
 
+/* 8 bytes at p widened to 8 int32 lanes */
+INLINE __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+INLINE __m256i bcast2x16(const int16_t *p) { /* two int16 at p in every 32-bit lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+INLINE void tile_pack_k(const int T, const int NM, const uint8_t *g, int64_t K, const Act256 *a, int64_t m0,
+                        float *out, int64_t ldo, int r_lo, int r_hi) {
+    const int64_t nb = K / 256, pb = T == Q4_K ? 1184 : 1440;
+    __m256 acc[MTP];
+    __m256i is[MTP];
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) acc[mm] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *b = g + i * pb;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+#pragma GCC unroll 8
+        for (int mm = 0; mm < NM; mm++) is[mm] = _mm256_setzero_si256();
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)));
+        const uint8_t *sc = b + 32, *mn = b + 96, *qh = b + 160, *qs = b + 160 + (T == Q5_K ? 256 : 0);
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) { /* sub-block of 32: nibbles (j / 2, p), low or high by j % 2 */
+            __m256i v[8];
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * (j / 2) + p)));
+                if (j % 2) q = _mm256_srli_epi16(q, 4);
+                v[p] = _mm256_and_si256(q, low);
+                if (T == Q5_K) { /* bit j of the plane's bytes to bit 4 */
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * p));
+                    const __m256i hs = j < 4 ? _mm256_slli_epi16(h, 4 - j) : j > 4 ? _mm256_srli_epi16(h, j - 4) : h;
+                    v[p] = _mm256_or_si256(v[p], _mm256_and_si256(hs, _mm256_set1_epi8(0x10)));
+                }
+            }
+            const __m256i scs = u8x8(sc + 8 * j);
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++) {
+                const int8_t *x = a->q + (m0 + mm) * K + 256 * i + 32 * j;
+                __m256i t = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++) t = DPBUSD(t, v[p], bcast4(x + 4 * p));
+                is[mm] = _mm256_add_epi32(is[mm], _mm256_mullo_epi32(t, scs));
+            }
+        }
+#pragma GCC unroll 8
+        for (int mm = 0; mm < NM; mm++) {
+            const float dx = a->d[(m0 + mm) * nb + i];
+            acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[mm]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[mm]);
+            is[mm] = _mm256_setzero_si256();
+        }
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) { /* the mins: m_j * (bsum_2j + bsum_2j+1), m_j in both int16 halves */
+            const __m256i m32 = u8x8(mn + 8 * j), mp = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
+#pragma GCC unroll 8
+            for (int mm = 0; mm < NM; mm++)
+                is[mm] = _mm256_add_epi32(is[mm], _mm256_madd_epi16(mp, bcast2x16(a->bsums + (m0 + mm) * (K / 16) + 16 * i + 2 * j)));
+        }
+#pragma GCC unroll 8
+        for (int mm = 0; mm < NM; mm++) {
+            const float dx = a->d[(m0 + mm) * nb + i];
+            acc[mm] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(is[mm]), _mm256_mul_ps(dmin, _mm256_set1_ps(dx)), acc[mm]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int mm = 0; mm < NM; mm++) {
+        float v[8] __attribute__((aligned(32)));
+        _mm256_store_ps(v, acc[mm]);
+        for (int r = r_lo; r < r_hi; r++) out[(int64_t)r * ldo + m0 + mm] = v[r];
+    }
+}
+
+
 /* out[(i - i0) * M + m] = W[row i] . x[m] for part-local rows i0 <= i < i1 of a packed part of
  * type T, activation rows 0..M-1 in passes of MTP (then 4, 2, 1); the groups the rows touch are
  * computed whole (their other rows are not written). */
 INLINE void pack_rows_t(const int T, const uint8_t *pack, int64_t i0, int64_t i1, int64_t K, const Act32 *a,
-                        int64_t M, float *out) {
-    const int64_t gbytes = K / 32 * pack_block(T);
+                        const Act256 *a256, int64_t M, float *out) {
+    const int64_t gbytes = K / elems(T) * pack_block(T);
+#define TILE_PACK(k) \
+    if (elems(T) == 32) tile_pack(T, k, gp, K, a, m0, o, M, lo, hi); \
+    else tile_pack_k(T, k, gp, K, a256, m0, o, M, lo, hi)
     for (int64_t m0 = 0; m0 < M;) {
         const int64_t left = M - m0;
         const int nm = left >= MTP ? MTP : left >= 4 ? 4 : left >= 2 ? 2 : 1;
@@ -775,44 +869,81 @@ INLINE void pack_rows_t(const int T, const uint8_t *pack, int64_t i0, int64_t i1
             const uint8_t *gp = pack + g * gbytes;
             switch (nm) {
 #if MTP == 8
-            case 8: tile_pack(T, 8, gp, K, a, m0, o, M, lo, hi); break;
+            case 8: TILE_PACK(8); break;
 #endif
-            case 4: tile_pack(T, 4, gp, K, a, m0, o, M, lo, hi); break;
-            case 2: tile_pack(T, 2, gp, K, a, m0, o, M, lo, hi); break;
-            default: tile_pack(T, 1, gp, K, a, m0, o, M, lo, hi); break;
+            case 4: TILE_PACK(4); break;
+            case 2: TILE_PACK(2); break;
+            default: TILE_PACK(1); break;
             }
         }
         m0 += nm;
     }
+#undef TILE_PACK
 }
 
-static void pack_rows(int64_t t, const uint8_t *pack, int64_t i0, int64_t i1, int64_t K, const Act32 *a, int64_t M,
-                      float *out) {
+static void pack_rows(int64_t t, const uint8_t *pack, int64_t i0, int64_t i1, int64_t K, const Act32 *a,
+                      const Act256 *a256, int64_t M, float *out) {
     switch (t) {
-    case Q4_0: pack_rows_t(Q4_0, pack, i0, i1, K, a, M, out); break;
-    case Q4_1: pack_rows_t(Q4_1, pack, i0, i1, K, a, M, out); break;
-    case Q5_0: pack_rows_t(Q5_0, pack, i0, i1, K, a, M, out); break;
-    case Q5_1: pack_rows_t(Q5_1, pack, i0, i1, K, a, M, out); break;
-    default: pack_rows_t(Q8_0, pack, i0, i1, K, a, M, out); break;
+    case Q4_0: pack_rows_t(Q4_0, pack, i0, i1, K, a, a256, M, out); break;
+    case Q4_1: pack_rows_t(Q4_1, pack, i0, i1, K, a, a256, M, out); break;
+    case Q5_0: pack_rows_t(Q5_0, pack, i0, i1, K, a, a256, M, out); break;
+    case Q5_1: pack_rows_t(Q5_1, pack, i0, i1, K, a, a256, M, out); break;
+    case Q4_K: pack_rows_t(Q4_K, pack, i0, i1, K, a, a256, M, out); break;
+    case Q5_K: pack_rows_t(Q5_K, pack, i0, i1, K, a, a256, M, out); break;
+    default: pack_rows_t(Q8_0, pack, i0, i1, K, a, a256, M, out); break;
     }
 }
 #else
 #define SF_PACK 0
 #endif
 
-/* Bytes of a packed copy of `rows` rows of K columns of type t on this build (the stored size,
- * padded to whole groups of 8 rows): 0 where it runs no packed kernel for t (the K-quants;
- * builds without vpdpbusd). */
+/* The packed copy of K-quant rows: one 8-row group's super-block i from the rows' stored blocks
+ * (src[r]: row r's block, or NULL for a padding row: zero scales). */
+static void pack_k(int64_t t, const uint8_t *const src[PACK_ROWS], uint8_t *b) {
+    memset(b, 0, (size_t)pack_block_k(t));
+    for (int r = 0; r < PACK_ROWS; r++) {
+        const uint8_t *s = src[r];
+        if (!s) continue; /* d = dmin = 0: a padding row's outputs are 0 (never written) */
+        memcpy(b + 2 * r, s, 2);
+        memcpy(b + 16 + 2 * r, s + 2, 2);
+        uint8_t sc[8], mn[8];
+        k4_scales(s + 4, sc, mn);
+        for (int j = 0; j < 8; j++) {
+            b[32 + 8 * j + r] = sc[j];
+            b[96 + 8 * j + r] = mn[j];
+        }
+        const int five = t == Q5_K;
+        if (five)
+            for (int p = 0; p < 8; p++) memcpy(b + 160 + 32 * p + 4 * r, s + 16 + 4 * p, 4);
+        const uint8_t *qs = s + (five ? 48 : 16);
+        for (int c = 0; c < 4; c++)
+            for (int p = 0; p < 8; p++) memcpy(b + 160 + 256 * five + 32 * (8 * c + p) + 4 * r, qs + 32 * c + 4 * p, 4);
+    }
+}
+
+/* Bytes of a packed copy of `rows` rows of K columns of type t on this build (the 32-element
+ * types: their stored size padded to whole groups of 8 rows; Q4_K and Q5_K 2-3% more, their
+ * scales as bytes): 0 for Q6_K and on a build without vpdpbusd. */
 int64_t sf_qlinear_pack_bytes(int64_t t, int64_t rows, int64_t K) {
-    if (!SF_PACK || !pack_block(t) || K < 32 || K % 32 || rows < 0) return 0;
-    return (rows + PACK_ROWS - 1) / PACK_ROWS * (K / 32) * pack_block(t);
+    if (!SF_PACK || !pack_block(t) || K < elems(t) || K % elems(t) || rows < 0) return 0;
+    return (rows + PACK_ROWS - 1) / PACK_ROWS * (K / elems(t)) * pack_block(t);
 }
 
 /* The packed copy of `rows` rows of type t (row r at w + r * row_bytes) into out
  * (sf_qlinear_pack_bytes of them). Returns 0; -1 for bad arguments. */
 int sf_qlinear_pack(int64_t t, const uint8_t *w, int64_t rows, int64_t row_bytes, int64_t K, uint8_t *out) {
-    const int64_t nb = K / 32, bs = block_bytes(t), pb = pack_block(t);
+    const int64_t nb = K / elems(t), bs = block_bytes(t), pb = pack_block(t);
     if (!sf_qlinear_pack_bytes(t, rows, K) || row_bytes < nb * bs || !w || !out) return -1;
+    if (elems(t) == 256) {
+        for (int64_t g = 0; g * PACK_ROWS < rows; g++)
+            for (int64_t j = 0; j < nb; j++) {
+                const uint8_t *src[PACK_ROWS];
+                for (int r = 0; r < PACK_ROWS; r++)
+                    src[r] = g * PACK_ROWS + r < rows ? w + (g * PACK_ROWS + r) * row_bytes + j * bs : NULL;
+                pack_k(t, src, out + (g * nb + j) * pb);
+            }
+        return 0;
+    }
     const int M1 = has_min(t), F5 = five_bit(t);
     const uint8_t zero[34] = {0};
     for (int64_t g = 0; g * PACK_ROWS < rows; g++)
@@ -853,7 +984,7 @@ int sf_qlinear_pack(int64_t t, const uint8_t *w, int64_t rows, int64_t row_bytes
 static void own_rows(const QPart *P, int64_t i0, int64_t i1, int64_t K, const Act32 *a32, const Act256 *a256,
                      int64_t M, float *tmp, void *y, int y_bf16, int64_t ldy, int64_t col, const float *bias) {
 #if SF_PACK
-    const int packed = P->pack && pack_block(P->type) && (P->type != Q8_0 || a32->isum);
+    const int packed = P->pack && (elems(P->type) == 32 ? P->type != Q8_0 || a32->isum : a256->q != NULL);
 #else
     const int packed = 0;
 #endif
@@ -864,7 +995,7 @@ static void own_rows(const QPart *P, int64_t i0, int64_t i1, int64_t K, const Ac
         e = e < i1 ? e : i1;
         const int64_t R = e - i;
 #if SF_PACK
-        if (packed) pack_rows(P->type, P->pack, i, e, K, a32, M, tmp);
+        if (packed) pack_rows(P->type, P->pack, i, e, K, a32, a256, M, tmp);
         else
 #endif
             rows_dot(P->type, P->data + i * P->row_bytes, P->row_bytes, R, K, a32, a256, M, tmp);
@@ -1297,7 +1428,7 @@ int sf_qlinear_q256(int64_t t, const uint8_t *w, const int8_t *xq, const float *
  * kernel for t; -2 if scratch memory could not be allocated. */
 int sf_qlinear_q32_packed(int64_t t, const uint8_t *pack, const int8_t *xq, const float *xd, const float *xs,
                           float *y, int64_t n, int64_t k, int64_t batch) {
-    if (!sf_qlinear_pack_bytes(t, n, k) || !pack || n < 1 || batch < 1) return -1;
+    if (elems(t) != 32 || !sf_qlinear_pack_bytes(t, n, k) || !pack || n < 1 || batch < 1) return -1;
     const int64_t nb = k / 32;
     float *tmp = malloc(sizeof(float) * (size_t)(ROW_GROUP * batch));
     int32_t *isum = malloc(sizeof(int32_t) * (size_t)(batch * nb));
@@ -1317,5 +1448,22 @@ int sf_qlinear_q32_packed(int64_t t, const uint8_t *pack, const int8_t *xq, cons
     own_rows(&P, 0, n, k, &a32, &none, batch, tmp, y, 0, n, 0, NULL);
     free(tmp);
     free(isum);
+    return 0;
+}
+
+/* sf_qlinear_q256 on a K-quant weight's packed copy (sf_qlinear_pack of its n rows): what the
+ * engine runs for it on a build with vpdpbusd, in the same ABI; the yardstick of the kernel
+ * factory's problem of that type there. Returns 0; -1 for bad arguments or a build without the
+ * packed kernel; -2 if scratch memory could not be allocated. */
+int sf_qlinear_q256_packed(int64_t t, const uint8_t *pack, const int8_t *xq, const float *xd, const int16_t *bsums,
+                           float *y, int64_t n, int64_t k, int64_t batch) {
+    if (elems(t) != 256 || !sf_qlinear_pack_bytes(t, n, k) || !pack || n < 1 || batch < 1) return -1;
+    float *tmp = malloc(sizeof(float) * (size_t)(ROW_GROUP * batch));
+    if (!tmp) return -2;
+    const Act32 none = {0};
+    const Act256 a256 = {(int8_t *)xq, (float *)xd, (int16_t *)bsums};
+    const QPart P = {t, n, k / 256 * block_bytes(t), pack, NULL, pack}; /* data unused by the packed path */
+    own_rows(&P, 0, n, k, &none, &a256, batch, tmp, y, 0, n, 0, NULL);
+    free(tmp);
     return 0;
 }

@@ -92,6 +92,8 @@ def load_library(path: IsaPath | tuple[str, ...]):
     lib.sf_qlinear_q32.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
     lib.sf_qlinear_q32_packed.restype = c_int
     lib.sf_qlinear_q32_packed.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
+    lib.sf_qlinear_q256_packed.restype = c_int
+    lib.sf_qlinear_q256_packed.argtypes = [i64, p, p, p, p, p, i64, i64, i64]
     lib.sf_qlinear_pack_bytes.restype = i64
     lib.sf_qlinear_pack_bytes.argtypes = [i64, i64, i64]
     lib.sf_qlinear_pack.restype = c_int
@@ -127,6 +129,7 @@ class Packed:
         self.n_parts, self.rows, self.cols = len(self.blocks), weight.rows, weight.cols
         self.exts = None  # the factory's kernels its parts point at (native/qext.py ``Exts.attach``)
         self.packs: list[torch.Tensor | None] = [None] * self.n_parts
+        self.pack = True  # False: make no packed copies (``unpack``)
 
     def use(self, lib) -> "Packed":
         """Give each part the packed copy ``lib``'s kernel runs it on, where it runs one
@@ -134,7 +137,7 @@ class Packed:
         blocks stay (the factory's kernels, the audit and the other builds read them). The layout
         is the same on every build that packs, so a copy made for one serves them all."""
         for i, (part, blocks) in enumerate(zip(self.parts, self.blocks)):
-            if self.packs[i] is not None:
+            if not self.pack or self.packs[i] is not None:
                 continue
             size = lib.sf_qlinear_pack_bytes(part.type, part.rows, self.cols)
             if size <= 0:
@@ -145,6 +148,15 @@ class Packed:
                 raise ValueError(f"sf_qlinear_pack refused part {i} ({part.rows} x {self.cols})")
             self.packs[i] = pack
             part.pack = pack.data_ptr()
+        return self
+
+    def unpack(self) -> "Packed":
+        """Drop the packed copies and make no more: every part runs on its stored blocks (the
+        kernel of a build without vpdpbusd; benchmarks compare the two)."""
+        self.pack = False
+        for part in self.parts:
+            part.pack = None
+        self.packs = [None] * self.n_parts
         return self
 
     @property
@@ -366,7 +378,7 @@ class QNative(LinearKernel):
         if lib.lib is None:
             raise KernelError(f"kernel 'qnative' is unavailable here: {lib.reason}")
         try:
-            self.packed = Packed(weight)
+            self.packed = Packed(weight).use(lib.lib)
         except NativeUnavailable as e:
             raise KernelError(f"kernel 'qnative' cannot run {weight.name}: {e}") from None
         self.lib, self.isa = lib.lib, lib.isa

@@ -136,9 +136,9 @@ static void q_rope(float *x, const float *c, const float *s, int64_t D) {
  * operations whatever nh is. scores: nh * (p - lo + 1) floats. */
 static void q_attend(const float *q, int64_t nh, const float *k, const float *v, int64_t lo, int64_t p, int64_t cap,
                      int64_t D, float scale, float *scores, float *out) {
-    const int64_t len = p - lo + 1;
-    for (int64_t j = 0; j < len; j++) {
-        const float *kt = k + ((lo + j) % cap) * D;
+    const int64_t len = p - lo + 1, first = lo % cap; /* position lo + j at entry (first + j) mod cap */
+    for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
+        const float *kt = k + e * D;
         for (int64_t h = 0; h < nh; h++) {
             const float *qh = q + h * D;
             float s = 0.f;
@@ -160,8 +160,8 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
         inv[h] = 1.f / sum;
         for (int64_t i = 0; i < D; i++) out[h * D + i] = 0.f;
     }
-    for (int64_t j = 0; j < len; j++) {
-        const float *vt = v + ((lo + j) % cap) * D;
+    for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
+        const float *vt = v + e * D;
         for (int64_t h = 0; h < nh; h++) {
             const float w = scores[h * len + j];
             float *o = out + h * D;

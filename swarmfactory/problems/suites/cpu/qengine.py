@@ -353,14 +353,16 @@ class EngineQ32:
             fn.restype, fn.argtypes = ctypes.c_int, [i64, p, p, p, p, p, i64, i64, i64]
         n, k, batch = int(t["n"]), int(t["k"]), int(t["batch"])
         self._keep = [torch.as_tensor(t[a]).contiguous() for a in arrays]
-        if symbol == "sf_qlinear_q32" and loaded.lib.sf_qlinear_pack_bytes(int(qtype), n, k) > 0:
+        packs = loaded.lib.sf_qlinear_pack_bytes(int(qtype), n, k) > 0
+        if symbol in ("sf_qlinear_q32", "sf_qlinear_q256") and packs:
             # this build runs the type on its packed copy (qlinear.c sf_qlinear_pack): so does the
             # yardstick, the copy made here, outside the timed calls, as the engine makes it at load
             pack = torch.empty(loaded.lib.sf_qlinear_pack_bytes(int(qtype), n, k), dtype=torch.uint8)
             w = self._keep[0]
             if loaded.lib.sf_qlinear_pack(int(qtype), w.data_ptr(), n, w.numel() // max(n, 1), k, pack.data_ptr()):
                 raise RuntimeError(f"engine_qnative: sf_qlinear_pack refused a {n} x {k} weight")
-            symbol, fn = "sf_qlinear_q32_packed", loaded.lib.sf_qlinear_q32_packed
+            symbol = symbol + "_packed"
+            fn = getattr(loaded.lib, symbol)
             self._keep[0] = pack
         self.symbol = symbol
         self.y = torch.empty(batch, n, dtype=torch.float32)

@@ -222,7 +222,8 @@ class _Ops(qengine._Ops):
         return lambda: F.linear(x, wu) + xs @ mw.T
 
     def baseline_engine_qnative(self, t):
-        """The engine's own kernel for this type (qlinear.c's ``sf_qlinear_q256``), in the library
+        """The engine's own kernel for this type (qlinear.c's ``sf_qlinear_q256``, or where this
+        CPU's build packs it ``sf_qlinear_q256_packed`` on the copy packed at setup), in the library
         the engine runs, single-threaded, timed in a C loop as a candidate is. RuntimeError, with
         the reason, where it is unavailable (the harness skips it loudly)."""
         return EngineQ32(self.qtype, t, symbol="sf_qlinear_q256", arrays=("w", "xq", "xd", "bsums"))
