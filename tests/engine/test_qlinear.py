@@ -364,3 +364,20 @@ def test_the_packed_copy_is_what_a_vnni_build_reads(lib):
         assert (after[:, cols[i]:cols[i + 1]] == 0).all() and (before[:, cols[i]:cols[i + 1]] != 0).any(), part.name
         assert torch.equal(after[:, cols[i + 1]:], before[:, cols[i + 1]:]), part.name
         before = after
+
+
+def test_unpack_runs_the_stored_blocks(lib):
+    """``Packed.unpack`` drops the copies for good: the stored layout's kernel then serves every
+    part (what benchmarks/qlinear.py compares), within the same bound."""
+    weight = _mixed_for_packing()
+    packed = ql.Packed(weight)
+    x = _x(5, 512, 2)
+    packed(lib, x, threads=2)
+    packed.unpack()
+    assert packed.pack_bytes == 0 and all(part.pack is None for part in packed.parts)
+    y = packed(lib, x, threads=2)
+    assert packed.pack_bytes == 0  # and no copy was made again
+    _assert_within_bound(weight, x, y, "stored blocks after unpack")
+    stored = ql.Packed(weight)
+    stored.pack = False
+    assert torch.equal(y, stored(lib, x, threads=2))

@@ -1042,6 +1042,7 @@ static QxSlot qx_slot(float *base, int64_t M, int64_t K) {
     s.mine.d = s.tmp + (ROW_GROUP + 1) * M;
     s.mine.s = s.mine.d + M * (K / 32);
     s.mine.q = (int8_t *)(s.mine.s + M * (K / 32));
+    s.mine.isum = NULL; /* the external kernels' ABI has no sums; the packed kernel never reads these */
     s.mine256 = (Act256){s.mine.q, s.mine.d, (int16_t *)s.mine.s}; /* K/16 int16 = K/32 floats */
     return s;
 }
