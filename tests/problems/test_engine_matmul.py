@@ -63,9 +63,11 @@ def engine_call(lib, qt: QT, inputs: dict) -> np.ndarray:
     return y
 
 
-def engine_packed_call(lib, qt: QT, inputs: dict) -> np.ndarray | None:
-    """What the engine runs for the weight on a build that packs its type (sf_qlinear_q32_packed
-    on sf_qlinear_pack's copy); None on a build that does not."""
+def engine_packed_call(lib, qt: QT, inputs: dict, symbol: str = "sf_qlinear_q32_packed",
+                       arrays: tuple = ("xq", "xd", "xs")) -> np.ndarray | None:
+    """What the engine runs for the weight on a build that packs its type (``symbol``, the packed
+    form of sf_qlinear_q32 or, for the K-quants with their bsums, of sf_qlinear_q256, on
+    sf_qlinear_pack's copy); None on a build that does not."""
     n, k, b = inputs["n"], inputs["k"], inputs["batch"]
     size = lib.sf_qlinear_pack_bytes(int(qt), n, k)
     if size <= 0:
@@ -74,9 +76,9 @@ def engine_packed_call(lib, qt: QT, inputs: dict) -> np.ndarray | None:
     pack = np.empty(size, np.uint8)
     assert lib.sf_qlinear_pack(int(qt), w.ctypes.data, n, w.size // n, k, pack.ctypes.data) == 0
     y = np.full((b, n), np.nan, np.float32)
-    args = [np.ascontiguousarray(inputs[a]) for a in ("xq", "xd", "xs")]
-    assert lib.sf_qlinear_q32_packed(int(qt), pack.ctypes.data, *(a.ctypes.data for a in args), y.ctypes.data,
-                                     n, k, b) == 0
+    args = [np.ascontiguousarray(inputs[a]) for a in arrays]
+    assert getattr(lib, symbol)(int(qt), pack.ctypes.data, *(a.ctypes.data for a in args), y.ctypes.data,
+                                n, k, b) == 0
     return y
 
 

@@ -24,7 +24,8 @@ from swarmfactory.problems.spec import check_problem, lower_precision, to_torch
 from swarmfactory.problems.suites.cpu import ENGINE_NAMES
 from swarmfactory.problems.suites.cpu.qengine import problem_name
 from swarmfactory.problems.suites.cpu.qengine_k import TYPES, decode, quantize_rows_256
-from test_engine_matmul import call, engine_lib, inputs_for, problem, same_path_lib  # noqa: E402 (the 32-element types' helpers)
+from test_engine_matmul import (  # noqa: E402 (the 32-element types' helpers)
+    call, engine_lib, engine_packed_call, inputs_for, problem, same_path_lib)
 
 # every value of every knob over the three types (test_every_knob_value_is_sampled)
 SAMPLES = {
@@ -37,7 +38,7 @@ SAMPLES = {
 def engine_packed(lib, qt: QT, w: np.ndarray, n: int, k: int, x: np.ndarray) -> np.ndarray:
     """The engine's whole linear layer on fp32 x (its own quantisation), one thread, on the stored
     blocks (the kernel the template's defaults are; a build with vpdpbusd runs the engine on a
-    packed copy: ``engine_q256_packed``)."""
+    packed copy: ``engine_packed_call``)."""
     from swarmfactory.engine.gguf_loader import QuantTensor
     from swarmfactory.engine.kernels import Weight
     from swarmfactory.engine.native import qlinear
@@ -46,23 +47,6 @@ def engine_packed(lib, qt: QT, w: np.ndarray, n: int, k: int, x: np.ndarray) -> 
     packed = qlinear.Packed(Weight([part]))
     packed.pack = False
     return packed(lib, torch.from_numpy(np.ascontiguousarray(x, np.float32)), 1).numpy()
-
-
-def engine_q256_packed(lib, qt: QT, inputs: dict) -> np.ndarray | None:
-    """sf_qlinear_q256_packed on sf_qlinear_pack's copy: what a build with vpdpbusd runs; None on
-    a build without."""
-    n, k, b = inputs["n"], inputs["k"], inputs["batch"]
-    size = lib.sf_qlinear_pack_bytes(int(qt), n, k)
-    if size <= 0:
-        return None
-    w = np.ascontiguousarray(inputs["w"])
-    pack = np.empty(size, np.uint8)
-    assert lib.sf_qlinear_pack(int(qt), w.ctypes.data, n, w.size // n, k, pack.ctypes.data) == 0
-    y = np.full((b, n), np.nan, np.float32)
-    args = [np.ascontiguousarray(inputs[a]) for a in ("xq", "xd", "bsums")]
-    assert lib.sf_qlinear_q256_packed(int(qt), pack.ctypes.data, *(a.ctypes.data for a in args), y.ctypes.data,
-                                      n, k, b) == 0
-    return y
 
 
 def engine_q256(lib, qt: QT, inputs: dict) -> np.ndarray:
@@ -185,7 +169,7 @@ def test_default_is_the_engines_kernel_bitwise(qt, compiler, kernel_call):
             want = engine_q256(lib, qt, inputs)
             assert np.array_equal(call(kernel_call, p, fn, inputs), want, equal_nan=True), (n, k, batch, dist)
     base = p.baselines["engine_qnative"](to_torch(inputs))
-    packed = engine_q256_packed(lib, qt, inputs)
+    packed = engine_packed_call(lib, qt, inputs, "sf_qlinear_q256_packed", ("xq", "xd", "bsums"))
     if packed is not None:
         assert base.symbol == "sf_qlinear_q256_packed"
         assert np.allclose(packed, want, rtol=1e-4, atol=1e-4 * np.nanmax(np.abs(want)), equal_nan=True), "packed"
