@@ -95,7 +95,7 @@ typedef SfExt QExt; /* common.c: fn is a Q32Fn, or a Q256Fn for a K-quant part *
 
 /* One part of W: `rows` rows of K / elems(type) blocks each, row r at data + r * row_bytes;
  * ext: NULL, or an external kernel for it; pack: NULL, or the same rows in the interleaved
- * layout of sf_qlinear_pack (a Q8_0 part, on a build that runs it: sf_qlinear_pack_bytes > 0). */
+ * layout of sf_qlinear_pack (a type this build packs: sf_qlinear_pack_bytes > 0). */
 typedef struct {
     int64_t type, rows, row_bytes;
     const uint8_t *data;
@@ -685,7 +685,6 @@ static int64_t pack_block_k(int64_t t) {
     return t == Q4_K ? 32 + 128 + 1024 : t == Q5_K ? 32 + 128 + 256 + 1024 : 0;
 }
 
-
 /* bytes of a packed block of 8 rows (32 elements, or a super-block of 256) */
 static int64_t pack_block(int64_t t) { return elems(t) == 32 ? PACK_ROWS * block_bytes(t) : pack_block_k(t); }
 
@@ -697,14 +696,13 @@ static int64_t pack_block(int64_t t) { return elems(t) == 32 ? PACK_ROWS * block
 #define MTP 4 /* 16 registers */
 #endif
 
-
-/* fifth bits of group c (elements 4c..4c+3 of each row) at bit 4 of each byte */
+/* bit c of each byte at bit 4 (the fifth bits of group c: elements 4c..4c+3 of each row) */
 INLINE __m256i fifth(__m256i h, const int c) {
     const __m256i s = c < 4 ? _mm256_slli_epi16(h, 4 - c) : c > 4 ? _mm256_srli_epi16(h, c - 4) : h;
     return _mm256_and_si256(s, _mm256_set1_epi8(0x10));
 }
 
-INLINE __m256i bcast4(const int8_t *p) {
+INLINE __m256i bcast4(const void *p) { /* 4 bytes at p in every 32-bit lane */
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
@@ -714,8 +712,8 @@ INLINE __m256i bcast4(const int8_t *p) {
  * out[r * ldo + m]. */
 INLINE void tile_pack(const int T, const int NM, const uint8_t *g, int64_t K, const Act32 *a, int64_t m0,
                       float *out, int64_t ldo, int r_lo, int r_hi) {
-    const int64_t nb = K / 32, pb = PACK_ROWS * (T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34);
-    const int M1 = T == Q4_1 || T == Q5_1, F5 = T == Q5_0 || T == Q5_1;
+    const int64_t nb = K / 32, pb = pack_block(T);
+    const int M1 = has_min(T), F5 = five_bit(T);
     __m256 acc[MTP];
 #pragma GCC unroll 8
     for (int mm = 0; mm < NM; mm++) acc[mm] = _mm256_setzero_ps();
@@ -777,15 +775,9 @@ INLINE void tile_pack(const int T, const int NM, const uint8_t *g, int64_t K, co
 /* 8 bytes at p widened to 8 int32 lanes */
 INLINE __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
-INLINE __m256i bcast2x16(const int16_t *p) { /* two int16 at p in every 32-bit lane */
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 INLINE void tile_pack_k(const int T, const int NM, const uint8_t *g, int64_t K, const Act256 *a, int64_t m0,
                         float *out, int64_t ldo, int r_lo, int r_hi) {
-    const int64_t nb = K / 256, pb = T == Q4_K ? 1184 : 1440;
+    const int64_t nb = K / 256, pb = pack_block_k(T);
     __m256 acc[MTP];
     __m256i is[MTP];
 #pragma GCC unroll 8
@@ -806,11 +798,8 @@ INLINE void tile_pack_k(const int T, const int NM, const uint8_t *g, int64_t K, 
                 __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * (j / 2) + p)));
                 if (j % 2) q = _mm256_srli_epi16(q, 4);
                 v[p] = _mm256_and_si256(q, low);
-                if (T == Q5_K) { /* bit j of the plane's bytes to bit 4 */
-                    const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * p));
-                    const __m256i hs = j < 4 ? _mm256_slli_epi16(h, 4 - j) : j > 4 ? _mm256_srli_epi16(h, j - 4) : h;
-                    v[p] = _mm256_or_si256(v[p], _mm256_and_si256(hs, _mm256_set1_epi8(0x10)));
-                }
+                if (T == Q5_K) /* bit j of the plane's bytes to bit 4 */
+                    v[p] = _mm256_or_si256(v[p], fifth(_mm256_loadu_si256((const __m256i *)(qh + 32 * p)), j));
             }
             const __m256i scs = u8x8(sc + 8 * j);
 #pragma GCC unroll 8
@@ -833,7 +822,7 @@ INLINE void tile_pack_k(const int T, const int NM, const uint8_t *g, int64_t K, 
             const __m256i m32 = u8x8(mn + 8 * j), mp = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
 #pragma GCC unroll 8
             for (int mm = 0; mm < NM; mm++)
-                is[mm] = _mm256_add_epi32(is[mm], _mm256_madd_epi16(mp, bcast2x16(a->bsums + (m0 + mm) * (K / 16) + 16 * i + 2 * j)));
+                is[mm] = _mm256_add_epi32(is[mm], _mm256_madd_epi16(mp, bcast4(a->bsums + (m0 + mm) * (K / 16) + 16 * i + 2 * j)));
         }
 #pragma GCC unroll 8
         for (int mm = 0; mm < NM; mm++) {
@@ -848,7 +837,6 @@ INLINE void tile_pack_k(const int T, const int NM, const uint8_t *g, int64_t K, 
         for (int r = r_lo; r < r_hi; r++) out[(int64_t)r * ldo + m0 + mm] = v[r];
     }
 }
-
 
 /* out[(i - i0) * M + m] = W[row i] . x[m] for part-local rows i0 <= i < i1 of a packed part of
  * type T, activation rows 0..M-1 in passes of MTP (then 4, 2, 1); the groups the rows touch are

@@ -133,7 +133,7 @@ class Packed:
 
     def use(self, lib) -> "Packed":
         """Give each part the packed copy ``lib``'s kernel runs it on, where it runs one
-        (qlinear.c ``sf_qlinear_pack``: Q8_0 on a build with vpdpbusd), made once; the stored
+        (qlinear.c ``sf_qlinear_pack``: every type but Q6_K on a build with vpdpbusd), made once; the stored
         blocks stay (the factory's kernels, the audit and the other builds read them). The layout
         is the same on every build that packs, so a copy made for one serves them all."""
         for i, (part, blocks) in enumerate(zip(self.parts, self.blocks)):
