@@ -270,14 +270,17 @@ def test_the_block_step_stays_within_its_bound_and_is_batch_invariant(tmp_path_f
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_attention_reads_a_kv_head_once_for_its_query_heads_with_the_same_numbers(threads):
+@pytest.mark.parametrize("S,D", [(37, 64), (1, 64), (13, 12), (21, 132), (9, 256), (5, 6)])
+def test_decode_attention_reads_a_kv_head_once_for_its_query_heads_with_the_same_numbers(threads, S, D):
     """qstep.c's attention (sf_op_attention runs the step's q_attend): a batch large enough
     attends each kv head's query heads together (its K and V rows read once), a small one per
-    query head; a row's output is the same either way, and right against fp64."""
+    query head; a row's output is the same either way, and right against fp64. Head sizes on
+    both sides of 128 (8 keys at a time, one at a time), with elements past the last multiple
+    of 8, and position counts that leave part of a block of 8 keys or 4 positions."""
     from swarmfactory.engine.native import element_ops
 
     gen = torch.Generator().manual_seed(3)
-    B, H, KV, S, D = 6, 8, 2, 37, 64
+    B, H, KV = 6, 8, 2
     q, k, v = (torch.randn(*shape, generator=gen) for shape in ((B, H, D), (B, KV, S, D), (B, KV, S, D)))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

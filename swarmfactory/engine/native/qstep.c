@@ -132,11 +132,138 @@ static void q_rope(float *x, const float *c, const float *s, int64_t D) {
 /* Query heads q[0 .. nh) (D apart) of one kv head against positions lo..p of its cache (entry
  * t % cap), out[h * D ..]. Each K and V row is read once for all nh heads (a decode row of a
  * grouped-query model read them once per head: 4x the traffic for Gemma 3's 4 heads per kv
- * head). One compiled function for every nh, so each head's result comes from the same
- * operations whatever nh is. scores: nh * (p - lo + 1) floats. */
+ * head). Each head's result comes from the same operations whatever nh is, and a row's from the
+ * same whatever other rows a step holds. scores: nh * (p - lo + 1) floats.
+ *
+ * The SIMD build computes a score as 8 lane sums of q[i] k[i] over i = lane mod 8 (one FMA chain
+ * each, in order of i), added by one fixed tree ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the
+ * elements past the last multiple of 8 in order. Under 128 elements a head, 8 keys at a time with
+ * their 8 sums reduced together, one lane per key (attend_dot8), instead of one horizontal sum per
+ * key; from 128, one key at a time (attend_dot1, the same chain and tree: measured faster where
+ * the cache streams from memory, as 64 decode rows' caches do). The weighted sum adds each output
+ * element's terms in order of position, one FMA each; under 128, 4 positions per load and store
+ * of the output. A tile of several prompt rows per task (each K/V row read once for all of them)
+ * measured slower than this as written (2026-12-07), so rows still attend one at a time. */
+#if SF_SIMD
+INLINE __m256 attend_dot8(const float *q, const float *const *kp, int64_t D8) {
+    __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0, p7 = p0;
+    for (int64_t i = 0; i < D8; i += 8) {
+        const __m256 x = _mm256_loadu_ps(q + i);
+        p0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[0] + i), p0);
+        p1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[1] + i), p1);
+        p2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[2] + i), p2);
+        p3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[3] + i), p3);
+        p4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[4] + i), p4);
+        p5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[5] + i), p5);
+        p6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[6] + i), p6);
+        p7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(kp[7] + i), p7);
+    }
+    /* lanes l: [p_l lanes 0..3 summed as (0+1)+(2+3)] then [4..7] in the upper half */
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(p0, p1), _mm256_hadd_ps(p2, p3));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(p4, p5), _mm256_hadd_ps(p6, p7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* attend_dot8's score of one key: the same chain and tree, one key at a time (the rows of a
+ * cache read in order: faster where they stream from memory and D is large) */
+INLINE float attend_dot1(const float *q, const float *k, int64_t D8) {
+    __m256 p = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D8; i += 8) p = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), p);
+    const __m256 t = _mm256_hadd_ps(p, p), u = _mm256_hadd_ps(t, t);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+}
+
+/* out[h * D ..] for heads h < nh = the positions j < len (entry (first + j) mod cap of v)
+ * weighted by w[h * len + j], scaled by inv[h]: each element summed over the positions in
+ * order, 4 positions per load and store of the output (4 consecutive V rows read together) */
+INLINE void attend_pv(const float *w, int64_t len, int64_t nh, const float *v, int64_t first, int64_t cap,
+                      int64_t D, const float *inv, float *out) {
+    const int64_t D8 = D & ~(int64_t)7;
+    for (int64_t i = 0; i < nh * D; i++) out[i] = 0.f;
+    int64_t j = 0, e = first;
+    for (; j + 4 <= len && D < 128; j += 4) {
+        const float *v0 = v + e * D;
+        e = e + 1 == cap ? 0 : e + 1;
+        const float *v1 = v + e * D;
+        e = e + 1 == cap ? 0 : e + 1;
+        const float *v2 = v + e * D;
+        e = e + 1 == cap ? 0 : e + 1;
+        const float *v3 = v + e * D;
+        e = e + 1 == cap ? 0 : e + 1;
+        for (int64_t h = 0; h < nh; h++) {
+            const float *wh = w + h * len + j;
+            const __m256 w0 = _mm256_broadcast_ss(wh), w1 = _mm256_broadcast_ss(wh + 1);
+            const __m256 w2 = _mm256_broadcast_ss(wh + 2), w3 = _mm256_broadcast_ss(wh + 3);
+            float *o = out + h * D;
+            for (int64_t i = 0; i < D8; i += 8) {
+                __m256 a = _mm256_loadu_ps(o + i);
+                a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + i), a);
+                a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + i), a);
+                a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(v2 + i), a);
+                a = _mm256_fmadd_ps(w3, _mm256_loadu_ps(v3 + i), a);
+                _mm256_storeu_ps(o + i, a);
+            }
+            for (int64_t i = D8; i < D; i++) {
+                float a = o[i];
+                a = fmaf(wh[0], v0[i], a);
+                a = fmaf(wh[1], v1[i], a);
+                a = fmaf(wh[2], v2[i], a);
+                a = fmaf(wh[3], v3[i], a);
+                o[i] = a;
+            }
+        }
+    }
+    for (; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
+        const float *v0 = v + e * D;
+        for (int64_t h = 0; h < nh; h++) {
+            const __m256 w0 = _mm256_broadcast_ss(w + h * len + j);
+            float *o = out + h * D;
+            for (int64_t i = 0; i < D8; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + i), _mm256_loadu_ps(o + i)));
+            for (int64_t i = D8; i < D; i++) o[i] = fmaf(w[h * len + j], v0[i], o[i]);
+        }
+    }
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t i = 0; i < D; i++) out[h * D + i] *= inv[h];
+}
+#endif
+
 static void q_attend(const float *q, int64_t nh, const float *k, const float *v, int64_t lo, int64_t p, int64_t cap,
                      int64_t D, float scale, float *scores, float *out) {
     const int64_t len = p - lo + 1, first = lo % cap; /* position lo + j at entry (first + j) mod cap */
+#if SF_SIMD
+    const int64_t D8 = D & ~(int64_t)7;
+    for (int64_t j = 0, e = first; j < len;) {
+        if (D >= 128) { /* one key at a time: the same score */
+            const float *kt = k + e * D;
+            for (int64_t h = 0; h < nh; h++) {
+                const float *qh = q + h * D;
+                float t = attend_dot1(qh, kt, D8);
+                for (int64_t i = D8; i < D; i++) t += qh[i] * kt[i];
+                scores[h * len + j] = t * scale;
+            }
+            j++, e = e + 1 == cap ? 0 : e + 1;
+            continue;
+        }
+        const int64_t n = len - j < 8 ? len - j : 8;
+        const float *kp[8];
+        for (int64_t l = 0; l < 8; l++) {
+            kp[l] = l < n ? k + e * D : kp[0]; /* lanes past the last key repeat the first, unused */
+            if (l < n) e = e + 1 == cap ? 0 : e + 1;
+        }
+        for (int64_t h = 0; h < nh; h++) {
+            const float *qh = q + h * D;
+            float s[8];
+            _mm256_storeu_ps(s, attend_dot8(qh, kp, D8));
+            for (int64_t l = 0; l < n; l++) {
+                float t = s[l];
+                for (int64_t i = D8; i < D; i++) t += qh[i] * kp[l][i];
+                scores[h * len + j + l] = t * scale;
+            }
+        }
+        j += n;
+    }
+#else
     for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
         const float *kt = k + e * D;
         for (int64_t h = 0; h < nh; h++) {
@@ -147,6 +274,7 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
             scores[h * len + j] = s * scale;
         }
     }
+#endif
     float inv[nh];
     for (int64_t h = 0; h < nh; h++) {
         float *sc = scores + h * len, mx = -INFINITY, sum = 0.f;
@@ -158,8 +286,12 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
             sum += e;
         }
         inv[h] = 1.f / sum;
-        for (int64_t i = 0; i < D; i++) out[h * D + i] = 0.f;
     }
+#if SF_SIMD
+    attend_pv(scores, len, nh, v, first, cap, D, inv, out);
+#else
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t i = 0; i < D; i++) out[h * D + i] = 0.f;
     for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
         const float *vt = v + e * D;
         for (int64_t h = 0; h < nh; h++) {
@@ -171,6 +303,7 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
     }
     for (int64_t h = 0; h < nh; h++)
         for (int64_t i = 0; i < D; i++) out[h * D + i] *= inv[h];
+#endif
 }
 
 /* Query heads per attention task for `rows` rows of `kv` kv heads with `g` query heads each:
