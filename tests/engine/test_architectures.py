@@ -305,6 +305,31 @@ def test_decode_attention_reads_a_kv_head_once_for_its_query_heads_with_the_same
         element_ops.attention(odd)
 
 
+@pytest.mark.parametrize("B,H,KV,S,D", [(40, 4, 1, 1100, 68), (8, 4, 1, 1100, 256)])
+def test_attention_over_caches_from_memory_gives_the_numbers_of_caches_in_cache(B, H, KV, S, D):
+    """A step whose decode rows read more K/V than stays cached (over 16 MB a layer) streams each
+    row's cache one key and one position at a time; fewer rows go 8 keys and 4 positions at a
+    time. The same row gets the same numbers either way (bit for bit: a row's result must not
+    depend on the batch it is in), with a head size past a multiple of 8 and one of 256."""
+    from swarmfactory.engine.native import element_ops
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in ((B, H, D), (B, KV, S, D), (B, KV, S, D)))
+    assert B * KV * S * D * 8 > 16 << 20 > 2 * KV * S * D * 8  # streamed together, in cache two at a time
+
+    def run(rows):
+        t = {"q": q[rows], "k": k[rows], "v": v[rows], "batch": len(rows), "heads": H, "kv_heads": KV,
+             "seq": S, "head_dim": D, "scale": D ** -0.5}
+        return element_ops.attention(t)().clone()
+
+    together = run(list(range(B)))
+    apart = torch.cat([run([b, b + 1]) for b in range(0, B, 2)])
+    assert torch.equal(together, apart)
+    kk, vv = (x.double().repeat_interleave(H // KV, dim=1) for x in (k, v))
+    ref = torch.softmax(q.double().unsqueeze(2) @ kk.transpose(-1, -2) * D ** -0.5, -1) @ vv
+    assert (together.double() - ref.squeeze(2)).abs().max() < 1e-4
+
+
 def test_the_block_step_gives_the_same_numbers_on_every_isa_path(tmp_path_factory):
     """Each path this CPU runs (portable C included), built and probed as at load: each within
     the bound of the fp32 model, and close to the others. Not equal: a sum rounded differently

@@ -54,6 +54,7 @@ typedef struct {
     const float *cos, *sin; /* [n_rope_sets, n_pos, head_dim]: x*cos + rotate_half(x)*sin (signed) */
     /* scratch */
     float *x, *h, *qkv, *att, *gu, *ff, *tmp, *scores;
+    unsigned char *alone; /* [max_b] per row of a step: the only row of its slot (a decode row) */
     float *xtmp; /* [threads, qx_scratch(max_b, kmax)]: external kernels' scratch (NULL: no part has one) */
     int64_t kmax;
     Act32 a32;
@@ -137,13 +138,14 @@ static void q_rope(float *x, const float *c, const float *s, int64_t D) {
  *
  * The SIMD build computes a score as 8 lane sums of q[i] k[i] over i = lane mod 8 (one FMA chain
  * each, in order of i), added by one fixed tree ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the
- * elements past the last multiple of 8 in order. Under 128 elements a head, 8 keys at a time with
- * their 8 sums reduced together, one lane per key (attend_dot8), instead of one horizontal sum per
- * key; from 128, one key at a time (attend_dot1, the same chain and tree: measured faster where
- * the cache streams from memory, as 64 decode rows' caches do). The weighted sum adds each output
- * element's terms in order of position, one FMA each; under 128, 4 positions per load and store
- * of the output. A tile of several prompt rows per task (each K/V row read once for all of them)
- * measured slower than this as written (2026-12-07), so rows still attend one at a time. */
+ * elements past the last multiple of 8 in order, and each output element as its terms added in
+ * order of position, one FMA each. Two ways to get the same numbers: with the cache in L2/L3
+ * (a prompt's rows, a few decode rows), 8 keys at a time with their 8 sums reduced together, one
+ * lane per key (attend_dot8), and 4 positions per load and store of the output; with `stream`
+ * (a decode row among enough others that their caches come from memory), one key and one
+ * position at a time (attend_dot1), which reads the cache in order: 1.3-1.4x faster there, 0.6x
+ * in cache (head size 64, 2026-12-07). A tile of a prompt's rows per task (each K/V row read once
+ * for up to 8 rows) measured within the machine's noise of one row at a time, and is not kept. */
 #if SF_SIMD
 INLINE __m256 attend_dot8(const float *q, const float *const *kp, int64_t D8) {
     __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0, p7 = p0;
@@ -164,24 +166,34 @@ INLINE __m256 attend_dot8(const float *q, const float *const *kp, int64_t D8) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* attend_dot8's score of one key: the same chain and tree, one key at a time (the rows of a
- * cache read in order: faster where they stream from memory and D is large) */
-INLINE float attend_dot1(const float *q, const float *k, int64_t D8) {
-    __m256 p = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D8; i += 8) p = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), p);
-    const __m256 t = _mm256_hadd_ps(p, p), u = _mm256_hadd_ps(t, t);
-    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+/* attend_dot8's scores of one key for query heads h < n (n <= 4, D apart) into s[h]: the same
+ * chain and tree per head, one key at a time (the cache read in order: faster where it streams
+ * from memory), the heads' chains side by side */
+INLINE void attend_dot1(const float *q, int64_t D, int64_t n, const float *k, int64_t D8, float *s) {
+    const float *q1 = q + (n > 1 ? D : 0), *q2 = q + (n > 2 ? 2 * D : 0), *q3 = q + (n > 3 ? 3 * D : 0);
+    __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+    for (int64_t i = 0; i < D8; i += 8) {
+        const __m256 x = _mm256_loadu_ps(k + i);
+        p0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), x, p0);
+        p1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), x, p1);
+        p2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), x, p2);
+        p3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), x, p3);
+    }
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(p0, p1), _mm256_hadd_ps(p2, p3));
+    float t[4];
+    _mm_storeu_ps(t, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+    for (int64_t h = 0; h < n; h++) s[h] = t[h];
 }
 
 /* out[h * D ..] for heads h < nh = the positions j < len (entry (first + j) mod cap of v)
  * weighted by w[h * len + j], scaled by inv[h]: each element summed over the positions in
  * order, 4 positions per load and store of the output (4 consecutive V rows read together) */
 INLINE void attend_pv(const float *w, int64_t len, int64_t nh, const float *v, int64_t first, int64_t cap,
-                      int64_t D, const float *inv, float *out) {
+                      int64_t D, const float *inv, float *out, int stream) {
     const int64_t D8 = D & ~(int64_t)7;
     for (int64_t i = 0; i < nh * D; i++) out[i] = 0.f;
     int64_t j = 0, e = first;
-    for (; j + 4 <= len && D < 128; j += 4) {
+    for (; j + 4 <= len && !stream; j += 4) {
         const float *v0 = v + e * D;
         e = e + 1 == cap ? 0 : e + 1;
         const float *v1 = v + e * D;
@@ -229,18 +241,22 @@ INLINE void attend_pv(const float *w, int64_t len, int64_t nh, const float *v, i
 #endif
 
 static void q_attend(const float *q, int64_t nh, const float *k, const float *v, int64_t lo, int64_t p, int64_t cap,
-                     int64_t D, float scale, float *scores, float *out) {
+                     int64_t D, float scale, float *scores, float *out, int stream) {
     const int64_t len = p - lo + 1, first = lo % cap; /* position lo + j at entry (first + j) mod cap */
 #if SF_SIMD
     const int64_t D8 = D & ~(int64_t)7;
     for (int64_t j = 0, e = first; j < len;) {
-        if (D >= 128) { /* one key at a time: the same score */
+        if (stream) { /* one key at a time: the same score */
             const float *kt = k + e * D;
-            for (int64_t h = 0; h < nh; h++) {
-                const float *qh = q + h * D;
-                float t = attend_dot1(qh, kt, D8);
-                for (int64_t i = D8; i < D; i++) t += qh[i] * kt[i];
-                scores[h * len + j] = t * scale;
+            for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+                float x[4];
+                attend_dot1(q + h0 * D, D, nh - h0 < 4 ? nh - h0 : 4, kt, D8, x);
+                for (int64_t h = h0; h < nh && h < h0 + 4; h++) {
+                    const float *qh = q + h * D;
+                    float t = x[h - h0];
+                    for (int64_t i = D8; i < D; i++) t += qh[i] * kt[i];
+                    scores[h * len + j] = t * scale;
+                }
             }
             j++, e = e + 1 == cap ? 0 : e + 1;
             continue;
@@ -264,6 +280,7 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
         j += n;
     }
 #else
+    (void)stream;
     for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
         const float *kt = k + e * D;
         for (int64_t h = 0; h < nh; h++) {
@@ -288,7 +305,7 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
         inv[h] = 1.f / sum;
     }
 #if SF_SIMD
-    attend_pv(scores, len, nh, v, first, cap, D, inv, out);
+    attend_pv(scores, len, nh, v, first, cap, D, inv, out, stream);
 #else
     for (int64_t h = 0; h < nh; h++)
         for (int64_t i = 0; i < D; i++) out[h * D + i] = 0.f;
@@ -311,11 +328,19 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
  * two tasks, else one (q_attend's result for a head is the same either way). */
 static int64_t attend_heads(int64_t rows, int64_t kv, int64_t g, int nt) { return rows * kv >= 2 * nt ? g : 1; }
 
+/* K and V bytes of one layer that the decode rows of a step read, above which q_attend streams
+ * them (their caches no longer stay in L3 between steps): between 12.6 MB (8 rows of SmolLM2's
+ * 1024 positions, faster in blocks) and 25 MB (16 rows, faster streamed) on a Zen 4 (32 MB L3).
+ * Only speed depends on it: q_attend's numbers are the same either way. */
+#define ATTEND_STREAM_BYTES (16ll << 20)
+
 static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
                    int64_t n_out, const int64_t *out_rows, float *logits) {
     const int64_t D = Q->head_dim, H = Q->n_heads, KV = Q->n_kv, dim = Q->dim, F = Q->ffn;
     const int64_t G = H / KV, QKV = (H + 2 * KV) * D, ATT = H * D, S = Q->slots;
     memcpy(Q->x, x_in, sizeof(float) * B * dim);
+    for (int64_t b = 0; b < B; b++) /* a decode row: no other row of its slot next to it */
+        Q->alone[b] = !(b && slot[b - 1] == slot[b]) && !(b + 1 < B && slot[b + 1] == slot[b]);
 #pragma omp parallel num_threads(Q->threads)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -344,6 +369,10 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
                         memcpy(L->kv + (((p * S + slot[b]) * KV + g) * cap + pos[b] % cap) * D,
                                row + (H + p * KV + g) * D, sizeof(float) * D);
             }
+            int64_t streamed = 0; /* positions the decode rows read from this layer's cache */
+            for (int64_t b = 0; b < B; b++)
+                if (Q->alone[b]) streamed += L->window && pos[b] + 1 > L->window ? L->window : pos[b] + 1;
+            const int stream = streamed * KV * D * 2 * (int64_t)sizeof(float) > ATTEND_STREAM_BYTES;
             const int64_t nh = attend_heads(B, KV, G, nt), per = H / nh;
             for (int64_t task = tid; task < B * per; task += nt) {
                 const int64_t b = task / per, hh = task % per * nh, g = hh / G, p = pos[b];
@@ -351,7 +380,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
                 const float *k = L->kv + ((0 * S + slot[b]) * KV + g) * cap * D;
                 const float *v = L->kv + ((1 * S + slot[b]) * KV + g) * cap * D;
                 q_attend(Q->qkv + b * QKV + hh * D, nh, k, v, lo, p, cap, D, Q->scale, scores,
-                         Q->att + b * ATT + hh * D);
+                         Q->att + b * ATT + hh * D, stream && Q->alone[b]);
             }
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -395,7 +424,7 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
 void sf_qstep_free(QModel *Q) {
     if (!Q) return;
     free(Q->x); free(Q->h); free(Q->qkv); free(Q->att); free(Q->gu); free(Q->ff); free(Q->tmp); free(Q->xtmp);
-    free(Q->scores);
+    free(Q->scores); free(Q->alone);
     free(Q->a32.q); free(Q->a32.d); free(Q->a32.s); free(Q->a32.isum);
     free(Q->a256.q); free(Q->a256.d); free(Q->a256.bsums);
     free(Q);
@@ -449,6 +478,7 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
     Q->ff = malloc(sizeof(float) * max_b * ffn);
     Q->tmp = malloc(sizeof(float) * Q->threads * max_b * ROW_GROUP);
     Q->scores = malloc(sizeof(float) * Q->threads * max_len * (n_heads / n_kv));
+    Q->alone = malloc((size_t)max_b);
     if (has_ext && !(Q->xtmp = malloc(sizeof(float) * Q->threads * qx_scratch(max_b, k)))) {
         sf_qstep_free(Q);
         return NULL;
@@ -457,7 +487,7 @@ QModel *sf_qstep_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_k
                      malloc(sizeof(float) * max_b * (k / 32 + 1)), malloc(sizeof(int32_t) * max_b * (k / 32 + 1))};
     Q->a256 = (Act256){malloc((size_t)(max_b * k)), malloc(sizeof(float) * max_b * (k / 256 + 1)),
                        malloc(sizeof(int16_t) * max_b * (k / 16 + 1))};
-    if (!Q->x || !Q->h || !Q->qkv || !Q->att || !Q->gu || !Q->ff || !Q->tmp || !Q->scores || !Q->a32.q ||
+    if (!Q->x || !Q->h || !Q->qkv || !Q->att || !Q->gu || !Q->ff || !Q->tmp || !Q->scores || !Q->alone || !Q->a32.q ||
         !Q->a32.d || !Q->a32.s || !Q->a32.isum || !Q->a256.q || !Q->a256.d || !Q->a256.bsums) {
         sf_qstep_free(Q);
         return NULL;
@@ -574,6 +604,7 @@ void sf_op_attention(const float *q, const float *k, const float *v, float *out,
                      int64_t kv_heads, int64_t seq, int64_t D, float scale, float *scratch, int threads,
                      int64_t iters) {
     const int64_t G = heads / kv_heads;
+    const int stream = batch * kv_heads * seq * D * 2 * (int64_t)sizeof(float) > ATTEND_STREAM_BYTES;
     for (int64_t it = 0; it < iters; it++) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && batch * heads > 1)
         {
@@ -584,7 +615,7 @@ void sf_op_attention(const float *q, const float *k, const float *v, float *out,
                 const int64_t b = task / per, hh = task % per * nh, c = hh / G;
                 const float *kb = k + (b * kv_heads + c) * seq * D, *vb = v + (b * kv_heads + c) * seq * D;
                 q_attend(q + (b * heads + hh) * D, nh, kb, vb, 0, seq - 1, seq, D, scale, scores,
-                         out + (b * heads + hh) * D);
+                         out + (b * heads + hh) * D, stream);
             }
         }
     }
