@@ -185,6 +185,12 @@ INLINE void attend_dot1(const float *q, int64_t D, int64_t n, const float *k, in
     for (int64_t h = 0; h < n; h++) s[h] = t[h];
 }
 
+/* a score from its lanes' sum t: the elements past the last multiple of 8 added in order, scaled */
+INLINE float attend_rest(const float *q, const float *k, int64_t D8, int64_t D, float t, float scale) {
+    for (int64_t i = D8; i < D; i++) t += q[i] * k[i];
+    return t * scale;
+}
+
 /* out[h * D ..] for heads h < nh = the positions j < len (entry (first + j) mod cap of v)
  * weighted by w[h * len + j], scaled by inv[h]: each element summed over the positions in
  * order, 4 positions per load and store of the output (4 consecutive V rows read together) */
@@ -245,40 +251,32 @@ static void q_attend(const float *q, int64_t nh, const float *k, const float *v,
     const int64_t len = p - lo + 1, first = lo % cap; /* position lo + j at entry (first + j) mod cap */
 #if SF_SIMD
     const int64_t D8 = D & ~(int64_t)7;
-    for (int64_t j = 0, e = first; j < len;) {
-        if (stream) { /* one key at a time: the same score */
+    if (stream) /* one key at a time: the same scores */
+        for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
             const float *kt = k + e * D;
             for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+                const int64_t n = nh - h0 < 4 ? nh - h0 : 4;
                 float x[4];
-                attend_dot1(q + h0 * D, D, nh - h0 < 4 ? nh - h0 : 4, kt, D8, x);
-                for (int64_t h = h0; h < nh && h < h0 + 4; h++) {
-                    const float *qh = q + h * D;
-                    float t = x[h - h0];
-                    for (int64_t i = D8; i < D; i++) t += qh[i] * kt[i];
-                    scores[h * len + j] = t * scale;
-                }
-            }
-            j++, e = e + 1 == cap ? 0 : e + 1;
-            continue;
-        }
-        const int64_t n = len - j < 8 ? len - j : 8;
-        const float *kp[8];
-        for (int64_t l = 0; l < 8; l++) {
-            kp[l] = l < n ? k + e * D : kp[0]; /* lanes past the last key repeat the first, unused */
-            if (l < n) e = e + 1 == cap ? 0 : e + 1;
-        }
-        for (int64_t h = 0; h < nh; h++) {
-            const float *qh = q + h * D;
-            float s[8];
-            _mm256_storeu_ps(s, attend_dot8(qh, kp, D8));
-            for (int64_t l = 0; l < n; l++) {
-                float t = s[l];
-                for (int64_t i = D8; i < D; i++) t += qh[i] * kp[l][i];
-                scores[h * len + j + l] = t * scale;
+                attend_dot1(q + h0 * D, D, n, kt, D8, x);
+                for (int64_t h = h0; h < h0 + n; h++)
+                    scores[h * len + j] = attend_rest(q + h * D, kt, D8, D, x[h - h0], scale);
             }
         }
-        j += n;
-    }
+    else
+        for (int64_t j = 0, e = first; j < len; j += 8) {
+            const int64_t n = len - j < 8 ? len - j : 8;
+            const float *kp[8];
+            for (int64_t l = 0; l < 8; l++) {
+                kp[l] = l < n ? k + e * D : kp[0]; /* lanes past the last key repeat the first, unused */
+                if (l < n) e = e + 1 == cap ? 0 : e + 1;
+            }
+            for (int64_t h = 0; h < nh; h++) {
+                float x[8];
+                _mm256_storeu_ps(x, attend_dot8(q + h * D, kp, D8));
+                for (int64_t l = 0; l < n; l++)
+                    scores[h * len + j + l] = attend_rest(q + h * D, kp[l], D8, D, x[l], scale);
+            }
+        }
 #else
     (void)stream;
     for (int64_t j = 0, e = first; j < len; j++, e = e + 1 == cap ? 0 : e + 1) {
@@ -334,6 +332,14 @@ static int64_t attend_heads(int64_t rows, int64_t kv, int64_t g, int nt) { retur
  * Only speed depends on it: q_attend's numbers are the same either way. */
 #define ATTEND_STREAM_BYTES (16ll << 20)
 
+/* whether decode rows reading `positions` positions of `kv` kv heads of head size D stream */
+static int attend_streams(int64_t positions, int64_t kv, int64_t D) {
+    return positions * kv * D * 2 * (int64_t)sizeof(float) > ATTEND_STREAM_BYTES;
+}
+
+/* the first position a row at p sees in a layer of this window (0: all) */
+static int64_t attend_lo(int64_t p, int64_t window) { return window && p + 1 > window ? p + 1 - window : 0; }
+
 static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot, const int64_t *pos,
                    int64_t n_out, const int64_t *out_rows, float *logits) {
     const int64_t D = Q->head_dim, H = Q->n_heads, KV = Q->n_kv, dim = Q->dim, F = Q->ffn;
@@ -371,12 +377,12 @@ static void q_step(QModel *Q, int64_t B, const float *x_in, const int64_t *slot,
             }
             int64_t streamed = 0; /* positions the decode rows read from this layer's cache */
             for (int64_t b = 0; b < B; b++)
-                if (Q->alone[b]) streamed += L->window && pos[b] + 1 > L->window ? L->window : pos[b] + 1;
-            const int stream = streamed * KV * D * 2 * (int64_t)sizeof(float) > ATTEND_STREAM_BYTES;
+                if (Q->alone[b]) streamed += pos[b] + 1 - attend_lo(pos[b], L->window);
+            const int stream = attend_streams(streamed, KV, D);
             const int64_t nh = attend_heads(B, KV, G, nt), per = H / nh;
             for (int64_t task = tid; task < B * per; task += nt) {
                 const int64_t b = task / per, hh = task % per * nh, g = hh / G, p = pos[b];
-                const int64_t lo = L->window && p + 1 > L->window ? p + 1 - L->window : 0;
+                const int64_t lo = attend_lo(p, L->window);
                 const float *k = L->kv + ((0 * S + slot[b]) * KV + g) * cap * D;
                 const float *v = L->kv + ((1 * S + slot[b]) * KV + g) * cap * D;
                 q_attend(Q->qkv + b * QKV + hh * D, nh, k, v, lo, p, cap, D, Q->scale, scores,
@@ -604,7 +610,7 @@ void sf_op_attention(const float *q, const float *k, const float *v, float *out,
                      int64_t kv_heads, int64_t seq, int64_t D, float scale, float *scratch, int threads,
                      int64_t iters) {
     const int64_t G = heads / kv_heads;
-    const int stream = batch * kv_heads * seq * D * 2 * (int64_t)sizeof(float) > ATTEND_STREAM_BYTES;
+    const int stream = attend_streams(batch * seq, kv_heads, D);
     for (int64_t it = 0; it < iters; it++) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && batch * heads > 1)
         {
