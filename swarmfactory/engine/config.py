@@ -70,7 +70,13 @@ def element_family(op: str, problem: str) -> str | None:
 ENGINE_MATMUL_FAMILIES = {"q4_0_engine_matmul": "Q4_0", "q4_1_engine_matmul": "Q4_1",
                           "q5_0_engine_matmul": "Q5_0", "q5_1_engine_matmul": "Q5_1",
                           "q8_0_engine_matmul": "Q8_0", "q4_k_engine_matmul": "Q4_K",
-                          "q5_k_engine_matmul": "Q5_K", "q6_k_engine_matmul": "Q6_K"}
+                          "q5_k_engine_matmul": "Q5_K", "q6_k_engine_matmul": "Q6_K",
+                          # the same kernels on the packed copies the engine runs where the CPU has
+                          # vpdpbusd (qengine_packed.py): called on a part's packed copy
+                          "q4_0_engine_packed_matmul": "Q4_0", "q4_1_engine_packed_matmul": "Q4_1",
+                          "q5_0_engine_packed_matmul": "Q5_0", "q5_1_engine_packed_matmul": "Q5_1",
+                          "q8_0_engine_packed_matmul": "Q8_0"}
+PACKED_MATMUL_FAMILIES = frozenset(f for f in ENGINE_MATMUL_FAMILIES if "_packed_" in f)
 
 
 def parse_native_matmul(spec: str) -> list[KernelRef]:

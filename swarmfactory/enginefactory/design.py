@@ -123,8 +123,11 @@ def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
     run its rows in the engine's block kernels (``native_matmul``), best first: the problem derived
     from this model, then the type's own. None where decode.c computes the model (it runs its own
     packed kernels, not qlinear.c's)."""
-    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES
+    from gguf import GGMLQuantizationType as QT
+
+    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, PACKED_MATMUL_FAMILIES
     from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
+    from swarmfactory.engine.native.qlinear import packs
     from swarmfactory.engine.models import model_class
     from swarmfactory.engine.native import unsupported
     from swarmfactory.problems.derive import registered, slug
@@ -135,8 +138,15 @@ def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
         return {}
     stem = slug(path.stem)
     types = {t for ts in op_types(model).values() for t in ts}
-    return {qt: [p for p in (f"{family}.{stem}", family) if "." not in p or registered(p) is not None]
-            for family, qt in ENGINE_MATMUL_FAMILIES.items() if qt in types}
+    out: dict[str, list[str]] = {}
+    # a type's kernel on the engine's packed copies first, where this CPU's build packs it (its
+    # stored-layout problem's yardstick is then the packed kernel, which a stored-layout kernel
+    # rarely beats), then on the stored blocks
+    for family, qt in sorted(ENGINE_MATMUL_FAMILIES.items(), key=lambda f: f[0] not in PACKED_MATMUL_FAMILIES):
+        if qt in types and (family not in PACKED_MATMUL_FAMILIES or packs(QT[qt])):
+            out.setdefault(qt, []).extend(p for p in (f"{family}.{stem}", family)
+                                          if "." not in p or registered(p) is not None)
+    return out
 
 
 def champion_native_matmul(model: str | None, champions: dict[str, str]) -> str:

@@ -179,7 +179,7 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.models.decoder import head_weight, op_weights
     from swarmfactory.engine.native_ops import ACTIVATIONS  # the engine's activation -> its problem
-    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, NATIVE_FAMILIES
+    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, NATIVE_FAMILIES, PACKED_MATMUL_FAMILIES
     from swarmfactory.engine.native import unsupported as decode_c_unsupported
 
     # GGUF block types with a family problem (``<type>_matmul``); dense types run on torch's sgemm
@@ -197,8 +197,18 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     cls, view = _view(hp)
     if decode_c_unsupported(gg, cls.native_decoder) is not None:
         # qlinear.c's kernels run the model (the block step, qnative ops): the problems with its
-        # numerics (8-bit activations), whose champions replace its kernel
-        matmul_families.update({qtype: problem for problem, qtype in ENGINE_MATMUL_FAMILIES.items()})
+        # numerics (8-bit activations), whose champions replace its kernel: on the packed copies
+        # it runs a type on where this CPU's build packs it (qengine_packed.py), else on the stored blocks
+        from gguf import GGMLQuantizationType as QT
+
+        from swarmfactory.engine.native.qlinear import packs
+
+        for problem, qtype in ENGINE_MATMUL_FAMILIES.items():
+            if problem not in PACKED_MATMUL_FAMILIES:
+                matmul_families[qtype] = problem
+        for problem, qtype in ENGINE_MATMUL_FAMILIES.items():
+            if problem in PACKED_MATMUL_FAMILIES and packs(QT[qtype]):
+                matmul_families[qtype] = problem
     name = slug(model or path.stem)
     H, KV, D, L = hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.n_layers
     problems: dict[str, DerivedProblem] = {}
@@ -370,14 +380,23 @@ def registered(name: str) -> dict | None:
         return None
     problems = data.get("problems", [])
     spec = next((p for p in problems if p.get("family") == family), None)
-    if spec is None and family.endswith("_matmul") and not family.endswith("_engine_matmul"):
-        # the fp32-activation family of a type whose engine-numerics problem was derived (the
-        # engine's per-op seam takes its kernels): the same shapes and weights
-        sibling = family[:-len("_matmul")] + "_engine_matmul"
-        twin = next((p for p in problems if p.get("family") == sibling), None)
+    if spec is None:
+        # another matmul family of a type whose problem was derived: the same shapes and weights
+        # (the fp32-activation family, whose kernels the engine's per-op seam takes; the engine's
+        # numerics on the stored blocks or on its packed copies, whichever this CPU's derivation did not pick)
+        twin = next((p for s in _twins(family) for p in problems if p.get("family") == s), None)
         if twin is not None:
             spec = {**twin, "family": family, "name": f"{family}.{model}"}
     return spec
+
+
+def _twins(family: str) -> tuple[str, ...]:
+    """The matmul families of ``family``'s block type with the same shapes, best first."""
+    for suffix in ("_engine_packed_matmul", "_engine_matmul", "_matmul"):
+        if family.endswith(suffix):
+            base = family[:-len(suffix)]
+            return tuple(base + s for s in ("_engine_matmul", "_engine_packed_matmul") if base + s != family)
+    return ()
 
 
 def registered_models() -> dict[str, list[str]]:

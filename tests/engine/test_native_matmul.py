@@ -13,6 +13,8 @@ for a tiny Qwen3 in Q4_K (a K-quant's kernel, activations per 256 with their sum
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -53,13 +55,41 @@ void q8_0_engine_matmul(const uint8_t *w, const int8_t *xq, const float *xd, con
 """
 
 
-def _kernel(mutate: str = "", pre: str = "", post: str = "", audit: bool = True) -> qext.Kernel:
+PACKED = "q8_0_engine_packed_matmul"
+# the same on the engine's packed copies (qengine_packed.py): row r in lane r % 8 of its group's
+# blocks of 272 bytes, fp16 d at 2 (r % 8), quants 4c..4c+3 at 16 + 32c + 4 (r % 8), each q + 128
+PACKED_KERNEL = r"""
+#include <stdint.h>
+#include <string.h>
+static float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return (float)(*(_Float16 *)&h); }
+void q8_0_engine_packed_matmul(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, float *y,
+                               int64_t n, int64_t k, int64_t batch) {
+    const int64_t nb = k / 32;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t r = 0; r < n; r++) {
+            float acc = 0.f;
+            const int l = (int)(r % 8);
+            for (int64_t j = 0; j < nb; j++) {
+                const uint8_t *blk = w + ((r / 8) * nb + j) * 272;
+                int32_t s = 0;
+                for (int c = 0; c < 8; c++)
+                    for (int e = 0; e < 4; e++) s += ((int32_t)blk[16 + 32 * c + 4 * l + e] - 128) * xq[b * k + 32 * j + 4 * c + e];
+                acc += (float)s * (h2f(blk + 2 * l) * xd[b * nb + j]) MUTATE;
+            }
+            y[b * n + r] = acc;
+        }
+}
+"""
+
+
+def _kernel(mutate: str = "", pre: str = "", post: str = "", audit: bool = True, family: str = FAMILY) -> qext.Kernel:
     from swarmfactory.backends.c import CBackend
 
-    src = KERNEL.replace("MUTATE", mutate).replace("PRE", pre).replace("POST", post)
-    art = CBackend().build(src, FAMILY, ("-O2",))
-    built = BuiltKernel(f"champion:{FAMILY}@0", FAMILY, "0" * 12, art.path, src, "a test", 1e-4, 1e-4)
-    return qext.Kernel(built, QT.Q8_0, FAMILY, audit=audit)
+    src = (PACKED_KERNEL if family == PACKED else KERNEL).replace("MUTATE", mutate).replace("PRE", pre)
+    src = src.replace("POST", post)
+    art = CBackend().build(src, family, ("-O2",))
+    built = BuiltKernel(f"champion:{family}@0", family, "0" * 12, art.path, src, "a test", 1e-4, 1e-4)
+    return qext.Kernel(built, QT.Q8_0, family, audit=audit)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +156,33 @@ def test_every_call_must_leave_its_inputs_and_the_memory_past_its_outputs(lib, p
     assert k.ext.bad and k.ext.why == why and len(reports) == 1
 
 
+def test_a_packed_layout_kernel_runs_on_the_packed_copies_and_is_audited_there(lib):
+    """A <type>_engine_packed_matmul kernel is called on each part's packed copy, in pieces from a
+    group's first row (the check's fused weight has parts starting inside a group); where this
+    build keeps the type as stored it is refused (it would run nowhere)."""
+    k = _kernel(family=PACKED)
+    if not qlinear.packs(QT.Q8_0):
+        assert "would run nowhere" in qext.check(lib, k)
+        return
+    assert qext.check(lib, k) is None
+    assert "error" in qext.check(lib, _kernel("* 1.05f", family=PACKED))
+    # the stored-layout kernel named as a packed one reads the packed bytes as blocks: refused
+    stored = _kernel()
+    stored.packed = True
+    assert re.search("error|non-finite", qext.check(lib, stored) or "")
+    k = _kernel("* (batch == 3 ? 1.05f : 1.f)", family=PACKED)
+    plugged, own, exts, reports = _pair(lib, k, rows=603)
+    gen = torch.Generator().manual_seed(5)
+    for M in (1, 2):
+        x = torch.randn(M, 768, generator=gen)
+        y, want = plugged(lib, x, 2), own(lib, x, 2)
+        assert (y - want).abs().max().item() < 1e-4 * (1 + want.abs().max().item()) and not k.ext.bad
+    assert k.ext.calls > 0
+    x = torch.randn(3, 768, generator=gen)
+    assert torch.equal(plugged(lib, x, 2), own(lib, x, 2))
+    assert k.ext.bad and k.ext.why == 1 and len(reports) == 1 and reports[0][0] == PACKED
+
+
 def test_an_unaudited_kernel_runs_as_it_is(lib):
     """(what the checks at load judge: the kernel's raw outputs)"""
     k = _kernel("* (batch == 3 ? 1.05f : 1.f)", audit=False)
@@ -146,12 +203,16 @@ ENGINE_OPTS = dict(weights="q4_1", threads=THREADS, max_batch=4, max_seq_len=128
 # tiny Qwen3 in Q4_K (rows of 256, so its weights are super-blocks): the block step computes both
 # (decode.c cannot), so qlinear.c's kernel of that type runs every matmul of their steps
 MODELS = {"gemma3-q8_0": ("gemma3", QT.Q8_0, FAMILY, {}),
+          # the same weights, the kernel on the engine's packed copies (where this build packs Q8_0)
+          "gemma3-q8_0-packed": ("gemma3", QT.Q8_0, PACKED, {}),
           "qwen3-q4_k": ("qwen3", QT.Q4_K, "q4_k_engine_matmul", dict(hidden_size=256, intermediate_size=512))}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def model(request, tmp_path_factory):
     arch, qtype, family, overrides = MODELS[request.param]
+    if family == PACKED and not qlinear.packs(qtype):
+        pytest.skip(f"this build keeps {qtype.name} as stored: no packed copies for {family}'s kernels")
     root = tmp_path_factory.mktemp("native_matmul")
     path = tm.write_gguf(tm.hf_model(arch, **overrides), arch, root / f"tiny-{request.param}.gguf", qtype)
     return path, qtype, family
@@ -210,12 +271,12 @@ def test_the_templates_defaults_run_in_the_block_step_with_the_default_engines_t
     assert _tokens(eng) == want
     state = eng.kernel_audit()["native_matmul"][qtype.name]
     assert state["calls"] > 0 and state["audited"] > 0 and state["dropped"] is None
-    # the defaults are the engine's own code for the stored layout: the block step's logits bit for
-    # bit, or to fp32 rounding where this build runs the type on its packed copy (qlinear.c)
+    # the defaults are the engine's own code for their layout: the block step's logits bit for bit,
+    # or to fp32 rounding for the stored layout's where this build runs the type on its packed copy
     ids = torch.tensor([eng.tokenizer.encode(PROMPTS[0])[-1]] * 3)
     slots, pos = torch.arange(3), torch.tensor([0, 5, 9])
     got, ref = eng.native(ids, slots, pos), base.native(ids, slots, pos)
-    if qlinear.loaded().lib.sf_qlinear_pack_bytes(int(qtype), 8, 256) > 0:
+    if family != PACKED and qlinear.packs(qtype):
         torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
     else:
         assert torch.equal(got, ref)

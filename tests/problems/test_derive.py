@@ -17,6 +17,14 @@ from swarmfactory.problems import ProblemError, load_problem, problem_from_sourc
 from swarmfactory.problems.derive import DeriveError, Scenario, derive, register  # noqa: E402
 
 SCENARIO = Scenario(prompt=32, output=16, concurrency=(1, 4))
+
+
+def q8_family() -> str:
+    """The Q8_0 problem with the engine's numerics here: on its packed copies where this CPU's build
+    packs Q8_0 (vpdpbusd), else on the stored blocks."""
+    from swarmfactory.engine.native.qlinear import packs
+
+    return "q8_0_engine_packed_matmul" if packs(QT.Q8_0) else "q8_0_engine_matmul"
 _files: dict = {}
 
 
@@ -54,8 +62,8 @@ def test_the_ops_and_shapes_are_the_engines(tmp_path_factory, arch):
     # every linear layer is Q8_0: q|k|v, o, gate|up and down, at the prefill chunk and each concurrency;
     # qlinear.c's kernels run them (decode.c does not compute these tiny models), so the problem
     # is the one with their numerics (8-bit activations), whose champion can replace them
-    mm = fam["q8_0_engine_matmul"]
-    assert "q8_0_matmul" not in fam
+    mm = fam[q8_family()]
+    assert "q8_0_matmul" not in fam and len([f for f in fam if f.startswith("q8_0_")]) == 1
     for tokens in (32, 1, 4):
         for n, k in (((H + 2 * KV) * D, hidden), (hidden, H * D), (2 * ffn, hidden), (hidden, ffn)):
             assert {"n": n, "k": k, "batch": tokens} in mm.shapes, (n, k, tokens)
@@ -116,12 +124,16 @@ def test_a_model_decode_c_computes_keeps_the_fp32_activation_families():
 def test_a_derived_problem_is_its_family_with_the_models_workload(tmp_path_factory):
     d = derive(_model(tmp_path_factory, "llama"), SCENARIO)
     register(d)
-    name = "q8_0_engine_matmul.tiny-llama-q8_0"
+    name = f"{q8_family()}.tiny-llama-q8_0"
     p = load_problem(name)
-    fam = load_problem("q8_0_engine_matmul")
-    assert p.name == name and p.entry == "q8_0_engine_matmul" and p.c_signature == fam.c_signature
+    fam = load_problem(q8_family())
+    assert p.name == name and p.entry == q8_family() and p.c_signature == fam.c_signature
     assert p.spec_hash() != fam.spec_hash()
-    assert [dict(s) for s in p.workload] == _by_family(d)["q8_0_engine_matmul"].shapes
+    assert [dict(s) for s in p.workload] == _by_family(d)[q8_family()].shapes
+    # the type's other engine-numerics layout (stored or packed) loads with the same shapes
+    other = {"q8_0_engine_matmul": "q8_0_engine_packed_matmul"}.get(q8_family(), "q8_0_engine_matmul")
+    twin = load_problem(f"{other}.tiny-llama-q8_0")
+    assert twin.entry == other and [dict(s) for s in twin.workload] == [dict(s) for s in p.workload]
     assert len(p.workload_weights) == len(p.workload)
     assert "derived from tiny-llama-q8_0" in p.note
     # a worker rebuilds it from its source line alone, with nothing registered

@@ -63,6 +63,7 @@ typedef struct SfExt {
     int64_t n, k, batch, row, b;
     float got, want, bound;       /* bound: the magnitude term of its tolerance */
     int32_t why;                  /* WRONG_OUTPUT, CHANGED_INPUTS or WROTE_PAST_OUTPUT */
+    int32_t packed;               /* qlinear.c: the kernel takes a part's packed copy (sf_qlinear_pack) */
 } SfExt;
 
 enum { WRONG_OUTPUT = 1, CHANGED_INPUTS = 2, WROTE_PAST_OUTPUT = 3 };

@@ -44,7 +44,8 @@ class Ext(ctypes.Structure):
                 ("share", ctypes.c_int64), ("seen", ctypes.c_uint64 * 16), ("calls", ctypes.c_int64), ("audited", ctypes.c_int64),
                 ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("batch", ctypes.c_int64),
                 ("row", ctypes.c_int64), ("b", ctypes.c_int64), ("got", ctypes.c_float), ("want", ctypes.c_float),
-                ("bound", ctypes.c_float), ("why", ctypes.c_int32)]
+                ("bound", ctypes.c_float), ("why", ctypes.c_int32),
+                ("packed", ctypes.c_int32)]
 
     def mismatch(self) -> str:
         """The first failure the audit found, in words ('' if none)."""

@@ -14,7 +14,9 @@ from a model; ``@ID`` pins a candidate) names one type's kernel; several types' 
 ``+``. The corridor (``champions.py``, handed in as the engine's ``KernelSupply``) builds the
 candidate as the harness built it. qlinear.c calls it through a pointer in each part (``QExt``),
 in pieces of at most 256 weight rows, each thread's run of calls on its private copy of the
-activations. Before the
+activations; a ``<type>_engine_packed_matmul`` kernel (qengine_packed.py) is called on the part's
+packed copy instead of its stored blocks, in pieces from a group's first row, and is refused where
+the engine's build keeps the type as stored. Before the
 engine uses it: qlinear's probe cases of its type with the kernel against the fp64 emulation of
 the numerics, and a batch-invariance check (each row alone and in a batch of 19, on 1 and 3
 threads, rows split across calls), on the kernel's raw outputs. While it serves, every call's
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from ..config import ENGINE_MATMUL_FAMILIES, parse_native_matmul
+from ..config import ENGINE_MATMUL_FAMILIES, PACKED_MATMUL_FAMILIES, parse_native_matmul
 from ..kernels import Weight
 from ..supply import BuiltKernel, KernelSupply, NoSupply, UnavailableKernel
 from .library import Ext, NativeUnavailable
@@ -63,6 +65,7 @@ class Kernel:
 
     def __init__(self, built: BuiltKernel, qtype: QT, family: str, audit: bool = True):
         self.built, self.qtype, self.family = built, qtype, family
+        self.packed = family in PACKED_MATMUL_FAMILIES  # it takes a part's packed copy
         try:
             self._so = ctypes.CDLL(built.path, mode=ctypes.RTLD_LOCAL)
             fn = getattr(self._so, family)
@@ -81,7 +84,8 @@ class Kernel:
         # result, so within twice that of each other (plus qlinear.c's term for the size of the
         # output's terms)
         return Ext(fn=self.fn, rtol=2 * self.built.rtol, atol=2 * self.built.atol,
-                   seed=int.from_bytes(os.urandom(8), "little"), audit=int(audit), share=AUDIT_SHARE)
+                   seed=int.from_bytes(os.urandom(8), "little"), audit=int(audit), share=AUDIT_SHARE,
+                   packed=int(self.packed))
 
     def mismatch(self) -> str:
         """The first fault the audit found, in words ('' if none)."""
@@ -171,19 +175,25 @@ def check(lib, k: Kernel) -> str | None:
     gen = torch.Generator().manual_seed(11)
     qt = k.qtype
 
-    def packed(rows: int, cols: int, seed: int) -> tuple[Packed, Weight]:
-        weight = Weight([random_part(qt, rows, cols, seed=seed)])
-        p = Packed(weight)
+    if k.packed and lib.sf_qlinear_pack_bytes(int(qt), 8, 256) <= 0:
+        return (f"this CPU's build of the engine keeps {qt.name} weights as stored (no packed copy): a kernel of "
+                "the packed layout would run nowhere")
+
+    def packed(rows: int | tuple[int, ...], cols: int, seed: int) -> tuple[Packed, Weight]:
+        weight = Weight([random_part(qt, r, cols, seed=seed + i, name=f"w{i}")
+                         for i, r in enumerate(rows if isinstance(rows, tuple) else (rows,))])
+        p = Packed(weight).use(lib)  # the packed copies the engine makes at load, where it makes them
         for part in p.parts:
             part.ext = ctypes.addressof(raw)
         return p, weight
 
     # qlinear's probe cases of this type (an odd block count, passes of every size, an all-zero
-    # block), two threads, and a weight of more rows than one call takes (pieces of 256)
+    # block), two threads, a weight of more rows than one call takes (pieces of 256), and one of
+    # three parts whose later ones start inside a group of 8 rows (a fused q|k|v)
     wide = qt in K_QUANTS  # k a multiple of 256
     for rows, cols, Ms in ((13, 512 if wide else 352, (1, 11)), (300, 256 if wide else 96, (1, 5)),
-                           (67, 1024, (19,))):
-        p, weight = packed(rows, cols, rows + cols)
+                           (67, 1024, (19,)), ((13, 270, 21), 256 if wide else 96, (6,))):
+        p, weight = packed(rows, cols, sum(rows) + cols if isinstance(rows, tuple) else rows + cols)
         ref = Reference(weight)
         for M in Ms:
             x = torch.randn(M, cols, generator=gen) * 3

@@ -1007,7 +1007,8 @@ static void own_rows(const QPart *P, int64_t i0, int64_t i1, int64_t K, const Ac
  * |weight quant|). */
 
 static inline int qx_active(const QPart *P) {
-    return P->ext && P->ext->fn && !__atomic_load_n(&P->ext->bad, __ATOMIC_RELAXED);
+    /* a kernel of the packed layout runs only where the part has its packed copy */
+    return P->ext && P->ext->fn && !__atomic_load_n(&P->ext->bad, __ATOMIC_RELAXED) && (!P->ext->packed || P->pack);
 }
 
 /* Floats of one thread's scratch for external kernels at M activation rows of K columns: the
@@ -1105,16 +1106,17 @@ static void qx_bound(int64_t t, const uint8_t *row, int64_t K, const Act32 *a32,
     }
 }
 
-/* Rows [0, R) (R <= EXT_ROWS) of a part of P's type at w into S->out[m * R + r], on P's external
- * kernel (reading S's private activations, qx_begin), checked and audited as QExt says; on a
- * fault (this call's or, meanwhile, another's) the rows come from rows_dot. */
-static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, const Act32 *a32, const Act256 *a256,
-                     int64_t M, QxSlot *S) {
+/* Rows [0, R) (R <= EXT_ROWS) of a part of P's type at w (stored blocks; pw: the same rows' packed
+ * groups, for a kernel of the packed layout) into S->out[m * R + r], on P's external kernel
+ * (reading S's private activations, qx_begin), checked and audited as QExt says; on a fault
+ * (this call's or, meanwhile, another's) the rows come from rows_dot. */
+static void ext_rows(const QPart *P, const uint8_t *w, const uint8_t *pw, int64_t R, int64_t K, const Act32 *a32,
+                     const Act256 *a256, int64_t M, QxSlot *S) {
     QExt *e = P->ext;
     const int64_t t = P->type, rb = K / elems(t) * block_bytes(t);
     if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) {
         ext_guard_fill(e, S->out + M * R);
-        if (elems(t) == 32) ((Q32Fn)e->fn)(w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
+        if (elems(t) == 32) ((Q32Fn)e->fn)(e->packed ? pw : w, S->mine.q, S->mine.d, S->mine.s, S->out, R, K, M);
         else ((Q256Fn)e->fn)(w, S->mine256.q, S->mine256.d, S->mine256.bsums, S->out, R, K, M);
         int check;
         const uint64_t draw = ext_call(e, M, &check);
@@ -1141,6 +1143,28 @@ static void ext_rows(const QPart *P, const uint8_t *w, int64_t R, int64_t K, con
         if (!__atomic_load_n(&e->bad, __ATOMIC_RELAXED)) return;
     }
     own_rows_t(t, w, rb, R, K, a32, a256, M, S->out, S->tmp);
+}
+
+/* Rows [lo, hi) of a weight whose part P starts at row `base`, on P's external kernel (ext_rows,
+ * EXT_ROWS rows a call at most), into y[m * ldy + row] (fp32 or bf16; plus bias[row] where given).
+ * A kernel of the packed layout takes whole groups from a group's first row: the rows before lo it
+ * computes too are not kept. */
+static void ext_part(const QPart *P, int64_t base, int64_t lo, int64_t hi, int64_t K, const Act32 *a32,
+                     const Act256 *a256, int64_t M, QxSlot *S, void *y, int y_bf16, int64_t ldy, const float *bias) {
+    const int64_t gbytes = K / elems(P->type) * pack_block(P->type);
+    for (int64_t s = P->ext->packed ? (lo - base) / PACK_ROWS * PACK_ROWS : lo - base; s < hi - base; s += EXT_ROWS) {
+        const int64_t R = hi - base - s < EXT_ROWS ? hi - base - s : EXT_ROWS;
+        const int64_t keep = lo - base > s ? lo - base - s : 0; /* the piece's first row kept */
+        ext_rows(P, P->data + s * P->row_bytes, P->pack ? P->pack + s / PACK_ROWS * gbytes : NULL, R, K, a32, a256, M,
+                 S);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t r = keep; r < R; r++) {
+                const int64_t row = base + s + r;
+                const float v = S->out[m * R + r] + (bias ? bias[row] : 0.f);
+                if (y_bf16) ((uint16_t *)y)[m * ldy + row] = float_to_bf16(v);
+                else ((float *)y)[m * ldy + row] = v;
+            }
+    }
 }
 
 /* External kernels of these parts dropped so far (a call compares the count before and after). */
@@ -1203,16 +1227,7 @@ static void run_rows(const Job *J, int64_t n0, int64_t n1, float *out, float *xs
         if (xscratch && qx_active(P)) {
             QxSlot S = qx_slot(xscratch, J->M, J->K);
             if (lo < hi) qx_begin(&S, P->type, J->a32, J->a256, J->M, J->K);
-            for (int64_t n = lo; n < hi; n += EXT_ROWS) {
-                const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
-                ext_rows(P, P->data + (n - base) * P->row_bytes, R, J->K, J->a32, J->a256, J->M, &S);
-                for (int64_t m = 0; m < J->M; m++)
-                    for (int64_t r = 0; r < R; r++) {
-                        const float v = S.out[m * R + r];
-                        if (J->y_bf16) ((uint16_t *)J->y)[m * J->N + n + r] = float_to_bf16(v);
-                        else ((float *)J->y)[m * J->N + n + r] = v;
-                    }
-            }
+            ext_part(P, base, lo, hi, J->K, J->a32, J->a256, J->M, &S, J->y, J->y_bf16, J->N, NULL);
             if (lo < hi) qx_end(P, &S, J->a32, J->a256, J->M, J->K);
             base += P->rows;
             continue;

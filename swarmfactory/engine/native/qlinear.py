@@ -337,6 +337,13 @@ def loaded() -> Loaded:
     return _loaded(cpu_mask())
 
 
+def packs(qtype: QT) -> bool:
+    """Whether this process's checked build runs ``qtype`` on packed copies (``sf_qlinear_pack``:
+    every type but Q6_K where the CPU has vpdpbusd)."""
+    lib = loaded().lib
+    return lib is not None and lib.sf_qlinear_pack_bytes(int(qtype), 8, 256) > 0
+
+
 def reset() -> None:
     """Forget the checked library (tests that change the mask or the probe)."""
     _loaded.cache_clear()

@@ -93,13 +93,7 @@ static void q_matmul(const QModel *Q, const QMat *W, int64_t M, float *y, int64_
         if (Q->xtmp && qx_active(P)) { /* the factory's kernel for this part's type (QExt) */
             QxSlot S = qx_slot(Q->xtmp + (int64_t)t * qx_scratch(Q->max_b, Q->kmax), M, W->cols);
             if (lo < hi) qx_begin(&S, P->type, &Q->a32, &Q->a256, M, W->cols);
-            for (int64_t n = lo; n < hi; n += EXT_ROWS) {
-                const int64_t R = hi - n < EXT_ROWS ? hi - n : EXT_ROWS;
-                ext_rows(P, P->data + (n - base) * P->row_bytes, R, W->cols, &Q->a32, &Q->a256, M, &S);
-                for (int64_t m = 0; m < M; m++)
-                    for (int64_t r = 0; r < R; r++)
-                        y[m * ldy + n + r] = S.out[m * R + r] + (W->bias ? W->bias[n + r] : 0.f);
-            }
+            ext_part(P, base, lo, hi, W->cols, &Q->a32, &Q->a256, M, &S, y, 0, ldy, W->bias);
             if (lo < hi) qx_end(P, &S, &Q->a32, &Q->a256, M, W->cols);
             base += P->rows;
             continue;

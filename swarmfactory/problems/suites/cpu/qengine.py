@@ -183,6 +183,10 @@ class _Ops:
         self.qtype = QT(qtype)
         self.bs = self.block_bytes[self.qtype]
 
+    def stored(self, t) -> np.ndarray:
+        """The case's weights as GGUF stores them (flat uint8): here the input itself."""
+        return _numpy(t["w"])
+
     def make_inputs(self, shape, rng, dist):
         n, k, batch = shape["n"], shape["k"], shape["batch"]
         w = make_weights(rng, self.qtype, n, k, special=dist == "special")
@@ -198,7 +202,7 @@ class _Ops:
 
         n, k, batch = t["n"], t["k"], t["batch"]
         nb = k // QK
-        u, d, m = decode(self.qtype, _numpy(t["w"]), n, k)
+        u, d, m = decode(self.qtype, self.stored(t), n, k)
         qw = torch.from_numpy(u).to(dtype).view(n, nb, QK).transpose(0, 1)  # [nb, n, 32]
         qx = t["xq"].to(dtype).view(batch, nb, QK).permute(1, 2, 0)  # [nb, 32, batch]
         dots = torch.bmm(qw, qx)  # [nb, n, batch], exact
@@ -239,7 +243,7 @@ class _Ops:
         finite_rows = int(finite.all(-1).sum())
         if n * finite_rows < MIN_BOUNDED_OUTPUTS:
             raise ValueError(f"{n * finite_rows} finite outputs: too few for a bound from torch's own error")
-        u, d, m = decode(self.qtype, _numpy(t["w"]), n, k)
+        u, d, m = decode(self.qtype, self.stored(t), n, k)
         wu = _f32((u.reshape(n, -1, QK) * d[..., None]).reshape(n, k))
         mw = _f32(m)
         x = (t["xq"].float().view(batch, k // QK, QK) * t["xd"].float()[..., None]).view(batch, k).contiguous()
@@ -253,7 +257,7 @@ class _Ops:
         from swarmfactory.problems.suites.cpu.qblock import dequantise
 
         n, k, batch = t["n"], t["k"], t["batch"]
-        w = dequantise(self.qtype, _numpy(t["w"]), n, k)
+        w = dequantise(self.qtype, self.stored(t), n, k)
         x = (t["xq"].float().view(batch, k // self.block, self.block) * t["xd"].float()[..., None]).view(batch, k)
         return w, x.contiguous()
 
@@ -280,7 +284,7 @@ class _Ops:
         and the activations, and multiplies."""
         from swarmfactory.problems.suites.cpu.qblock import dequantise
 
-        n, k, batch, raw = t["n"], t["k"], t["batch"], _numpy(t["w"]).copy()
+        n, k, batch, raw = t["n"], t["k"], t["batch"], self.stored(t).copy()
         xq, xd, qtype, block = t["xq"], t["xd"], self.qtype, self.block
         return lambda: (xq.float().view(batch, -1, block) * xd[..., None]).view(batch, k) @ dequantise(qtype, raw, n, k).T
 

@@ -1,0 +1,2 @@
+from .qengine_packed import QT, make_problem
+PROBLEM = make_problem(QT.Q8_0)
