@@ -181,6 +181,20 @@ def test_a_packed_layout_kernel_runs_on_the_packed_copies_and_is_audited_there(l
     x = torch.randn(3, 768, generator=gen)
     assert torch.equal(plugged(lib, x, 2), own(lib, x, 2))
     assert k.ext.bad and k.ext.why == 1 and len(reports) == 1 and reports[0][0] == PACKED
+    # every lane of a piece's last group written, past its n rows: the last batch row's spill
+    # lands past the outputs (the guard), caught at the first call
+    k = _kernel(family=PACKED)
+    spill = k.built.source.replace("for (int64_t r = 0; r < n; r++) {", "for (int64_t r = 0; r < (n + 7) / 8 * 8; r++) {")
+    assert spill != k.built.source
+    from swarmfactory.backends.c import CBackend
+
+    art = CBackend().build(spill, PACKED, ("-O2",))
+    k = qext.Kernel(BuiltKernel(f"champion:{PACKED}@1", PACKED, "1" * 12, art.path, spill, "a test", 1e-4, 1e-4),
+                    QT.Q8_0, PACKED)
+    plugged, own, exts, reports = _pair(lib, k, rows=603)
+    x = torch.randn(2, 768, generator=gen)
+    assert torch.equal(plugged(lib, x, 2), own(lib, x, 2))
+    assert k.ext.bad and k.ext.why == 3 and len(reports) == 1
 
 
 def test_an_unaudited_kernel_runs_as_it_is(lib):

@@ -136,14 +136,18 @@ def test_problem_is_well_formed(qt):
     assert {"n": 4096, "k": 640, "batch": 64} in [dict(s) for s in p.workload]
 
 
-def test_every_knob_value_is_sampled():
-    p = problem(QT.Q8_0)
+def assert_every_knob_value_sampled(p, samples: dict) -> None:
+    """Every value of every knob of ``p`` is in its defaults or in one of ``samples`` (per type)."""
     seen = {k: set() for k in p.knobs}
-    for qt in TYPES:
-        for knobs in [{}, *SAMPLES[qt]]:
+    for settings in samples.values():
+        for knobs in [{}, *settings]:
             for k, v in {**p.knob_defaults, **knobs}.items():
                 seen[k].add(v)
     assert seen == {k: set(v) for k, v in p.knobs.items()}
+
+
+def test_every_knob_value_is_sampled():
+    assert_every_knob_value_sampled(problem(QT.Q8_0), SAMPLES)
 
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)

@@ -25,7 +25,7 @@ from swarmfactory.problems.suites.cpu import ENGINE_NAMES
 from swarmfactory.problems.suites.cpu.qengine import problem_name
 from swarmfactory.problems.suites.cpu.qengine_k import TYPES, decode, quantize_rows_256
 from test_engine_matmul import (  # noqa: E402 (the 32-element types' helpers)
-    call, engine_lib, engine_packed_call, inputs_for, problem, same_path_lib)
+    assert_every_knob_value_sampled, call, engine_lib, engine_packed_call, inputs_for, problem, same_path_lib)
 
 # every value of every knob over the three types (test_every_knob_value_is_sampled)
 SAMPLES = {
@@ -93,13 +93,7 @@ def test_problem_is_well_formed(qt):
 
 
 def test_every_knob_value_is_sampled():
-    p = problem(QT.Q4_K)
-    seen = {k: set() for k in p.knobs}
-    for qt in TYPES:
-        for knobs in [{}, *SAMPLES[qt]]:
-            for k, v in {**p.knob_defaults, **knobs}.items():
-                seen[k].add(v)
-    assert seen == {k: set(v) for k, v in p.knobs.items()}
+    assert_every_knob_value_sampled(problem(QT.Q4_K), SAMPLES)
 
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)

@@ -23,7 +23,7 @@ from swarmfactory.problems.suites.cpu import ENGINE_NAMES
 from swarmfactory.problems.suites.cpu.qengine import BLOCK_BYTES, TYPES, make_weights
 from swarmfactory.problems.suites.cpu.qengine_packed import pack, problem_name, unpack
 
-from test_engine_matmul import call, engine_call, engine_lib
+from test_engine_matmul import assert_every_knob_value_sampled, call, engine_call, engine_lib
 
 
 def problem(qt: QT):
@@ -112,13 +112,7 @@ def test_problem_is_well_formed(qt):
 
 
 def test_every_knob_value_is_sampled():
-    p = problem(QT.Q8_0)
-    seen = {k: set() for k in p.knobs}
-    for qt in TYPES:
-        for knobs in [{}, *SAMPLES[qt]]:
-            for k, v in {**p.knob_defaults, **knobs}.items():
-                seen[k].add(v)
-    assert seen == {k: set(v) for k, v in p.knobs.items()}
+    assert_every_knob_value_sampled(problem(QT.Q8_0), SAMPLES)
 
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)

@@ -30,6 +30,7 @@ piece's first group, ``n`` its rows: a piece may end inside a group).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -144,33 +145,21 @@ def make_problem(qtype: QT) -> Problem:
                          f"(types: {', '.join(t.name for t in TYPES)})")
     base = qengine.make_problem(qtype)
     ops = _PackedOps(qtype)
-    return Problem(
+    # the stored problem's numerics, shapes and cases; the packed weights and this template
+    return dataclasses.replace(
+        base,
         name=problem_name(qtype),
-        family="quantized_matvec",
-        version=1,
         description=base.description.replace("The engine's linear layer on W (n x k) in GGUF",
                                              "The engine's linear layer on W (n x k), GGUF")
         .replace("; the activations come", " blocks in the engine's packed layout (groups of 8 rows interleaved "
                  "per block, qengine_packed.py; only the n real rows of y written); the activations come"),
         args=(Arg("w", "in", "uint8", block=ROWS * ops.bs), *base.args[1:]),
         make_inputs=ops.make_inputs,
-        output_shapes=base.output_shapes,
         reference=ops.reference,
         baselines={"engine_qnative": ops.baseline_engine_qnative,
                    "dequant_F.linear": ops.baseline_dequant_linear},
         eager=ops.eager,
-        baseline_threads=1,
         fp32_torch=ops.fp32_torch,
-        fp32_sum_terms=base.fp32_sum_terms,
-        shape_constraint=base.shape_constraint,
-        tolerance=base.tolerance,
-        workload=base.workload,
-        workload_weights=base.workload_weights,
-        edge_shapes=base.edge_shapes,
-        stress_shapes=base.stress_shapes,
-        model_shapes=base.model_shapes,
-        model_draws=base.model_draws,
-        dists=base.dists,
         roofline=ops.roofline,
         template=f'{{% set qtype = "{qtype.name.lower()}" %}}\n' + TEMPLATE.read_text(),
         # activation rows per pass (auto: the engine's, 8 with 32 vector registers, else 4); weight
@@ -178,4 +167,5 @@ def make_problem(qtype: QT) -> Problem:
         knobs={"mt": ["auto", 1, 2, 4, 8], "slice": [8, 16, 32, 64], "chains": [1, 2], "vec": ["256", "512"]},
         knob_defaults={"mt": "auto", "slice": 16, "chains": 1, "vec": "256"},
         knob_aspects={"mt": "blocking", "slice": "blocking", "chains": "unrolling", "vec": "vectorisation"},
+        knob_constraint=None,  # every combination is valid (plain C takes any)
     )
