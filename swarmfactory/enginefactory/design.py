@@ -123,11 +123,9 @@ def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
     run its rows in the engine's block kernels (``native_matmul``), best first: the problem derived
     from this model, then the type's own. None where decode.c computes the model (it runs its own
     packed kernels, not qlinear.c's)."""
-    from gguf import GGMLQuantizationType as QT
-
-    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, PACKED_MATMUL_FAMILIES
+    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES
     from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
-    from swarmfactory.engine.native.qlinear import packs
+    from swarmfactory.engine.native.qlinear import engine_matmul_families
     from swarmfactory.engine.models import model_class
     from swarmfactory.engine.native import unsupported
     from swarmfactory.problems.derive import registered, slug
@@ -138,15 +136,11 @@ def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
         return {}
     stem = slug(path.stem)
     types = {t for ts in op_types(model).values() for t in ts}
-    out: dict[str, list[str]] = {}
-    # a type's kernel on the engine's packed copies first, where this CPU's build packs it (its
-    # stored-layout problem's yardstick is then the packed kernel, which a stored-layout kernel
-    # rarely beats), then on the stored blocks
-    for family, qt in sorted(ENGINE_MATMUL_FAMILIES.items(), key=lambda f: f[0] not in PACKED_MATMUL_FAMILIES):
-        if qt in types and (family not in PACKED_MATMUL_FAMILIES or packs(QT[qt])):
-            out.setdefault(qt, []).extend(p for p in (f"{family}.{stem}", family)
-                                          if "." not in p or registered(p) is not None)
-    return out
+    # a type's kernel on the engine's packed copies first, where this CPU's build packs it, then
+    # on the stored blocks (engine_matmul_families)
+    return {qt: [p for family in engine_matmul_families(qt) for p in (f"{family}.{stem}", family)
+                 if "." not in p or registered(p) is not None]
+            for qt in dict.fromkeys(ENGINE_MATMUL_FAMILIES.values()) if qt in types}
 
 
 def champion_native_matmul(model: str | None, champions: dict[str, str]) -> str:

@@ -179,7 +179,7 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
     from swarmfactory.engine.gguf_loader import load_gguf
     from swarmfactory.engine.models.decoder import head_weight, op_weights
     from swarmfactory.engine.native_ops import ACTIVATIONS  # the engine's activation -> its problem
-    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, NATIVE_FAMILIES, PACKED_MATMUL_FAMILIES
+    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, NATIVE_FAMILIES
     from swarmfactory.engine.native import unsupported as decode_c_unsupported
 
     # GGUF block types with a family problem (``<type>_matmul``); dense types run on torch's sgemm
@@ -199,16 +199,10 @@ def derive(path: str | Path, scenario: Scenario | None = None, model: str | None
         # qlinear.c's kernels run the model (the block step, qnative ops): the problems with its
         # numerics (8-bit activations), whose champions replace its kernel: on the packed copies
         # it runs a type on where this CPU's build packs it (qengine_packed.py), else on the stored blocks
-        from gguf import GGMLQuantizationType as QT
+        from swarmfactory.engine.native.qlinear import engine_matmul_families
 
-        from swarmfactory.engine.native.qlinear import packs
-
-        for problem, qtype in ENGINE_MATMUL_FAMILIES.items():
-            if problem not in PACKED_MATMUL_FAMILIES:
-                matmul_families[qtype] = problem
-        for problem, qtype in ENGINE_MATMUL_FAMILIES.items():
-            if problem in PACKED_MATMUL_FAMILIES and packs(QT[qtype]):
-                matmul_families[qtype] = problem
+        for qtype in dict.fromkeys(ENGINE_MATMUL_FAMILIES.values()):
+            matmul_families[qtype] = engine_matmul_families(qtype)[0]
     name = slug(model or path.stem)
     H, KV, D, L = hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.n_layers
     problems: dict[str, DerivedProblem] = {}

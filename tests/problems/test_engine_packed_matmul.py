@@ -31,8 +31,10 @@ def problem(qt: QT):
 
 
 def packing_lib(qt: QT):
+    from swarmfactory.engine.native.qlinear import packs
+
     lib = engine_lib()
-    if lib.sf_qlinear_pack_bytes(int(qt), 8, 256) <= 0:
+    if not packs(qt, lib):
         pytest.skip(f"this build of the engine keeps {qt.name} as stored (no vpdpbusd)")
     return lib
 

@@ -40,7 +40,7 @@ from ..config import ENGINE_MATMUL_FAMILIES, PACKED_MATMUL_FAMILIES, parse_nativ
 from ..kernels import Weight
 from ..supply import BuiltKernel, KernelSupply, NoSupply, UnavailableKernel
 from .library import Ext, NativeUnavailable
-from .qlinear import K_QUANTS, PROBE_TOLERANCE, Packed, Reference, random_part
+from .qlinear import K_QUANTS, PROBE_TOLERANCE, Packed, Reference, packs, random_part
 
 # The audit checks the first call at each batch size and 1 in AUDIT_SHARE of the others: each call
 # is up to 256 weight rows (a Gemma 3 decode step makes ~1,400), the audit one row of it. 1 in 4
@@ -175,7 +175,7 @@ def check(lib, k: Kernel) -> str | None:
     gen = torch.Generator().manual_seed(11)
     qt = k.qtype
 
-    if k.packed and lib.sf_qlinear_pack_bytes(int(qt), 8, 256) <= 0:
+    if k.packed and not packs(qt, lib):
         return (f"this CPU's build of the engine keeps {qt.name} weights as stored (no packed copy): a kernel of "
                 "the packed layout would run nowhere")
 

@@ -337,11 +337,23 @@ def loaded() -> Loaded:
     return _loaded(cpu_mask())
 
 
-def packs(qtype: QT) -> bool:
-    """Whether this process's checked build runs ``qtype`` on packed copies (``sf_qlinear_pack``:
-    every type but Q6_K where the CPU has vpdpbusd)."""
-    lib = loaded().lib
+def packs(qtype: QT, lib=None) -> bool:
+    """Whether ``lib`` (default: this process's checked build) runs ``qtype`` on packed copies
+    (``sf_qlinear_pack``: every type but Q6_K where the CPU has vpdpbusd)."""
+    lib = lib if lib is not None else loaded().lib
     return lib is not None and lib.sf_qlinear_pack_bytes(int(qtype), 8, 256) > 0
+
+
+def engine_matmul_families(qtype: str) -> list[str]:
+    """The ``<type>_engine_matmul`` problem families of GGUF type ``qtype`` (its name) whose kernels
+    can run the engine's weights of that type here, best first: the one on the packed copies where
+    this build packs the type (the stored one's yardstick is then the packed kernel), then the one
+    on the stored blocks."""
+    from ..config import ENGINE_MATMUL_FAMILIES, PACKED_MATMUL_FAMILIES
+
+    mine = [f for f, t in ENGINE_MATMUL_FAMILIES.items() if t == qtype]
+    return ([f for f in mine if f in PACKED_MATMUL_FAMILIES and packs(QT[qtype])]
+            + [f for f in mine if f not in PACKED_MATMUL_FAMILIES])
 
 
 def reset() -> None:
