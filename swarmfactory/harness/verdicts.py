@@ -28,11 +28,20 @@ one evaluation share its baseline worker, its inputs, the machine's state of tha
 their interval is a few percent wide where the same kernel measures 20-50% apart minutes later.
 That spread, pooled from the kernels measured more than once on this machine (a floor where too
 few were), is added to each interval in log space (``widen``).
+
+One evaluation with that spread added cannot call a kernel 1.15x faster (its interval is about
++-17% wide), however often it measures 1.15x. Its independent evaluations can: ``pool`` combines
+a kernel's clean measurements here (each its own minute, worker and inputs) into one interval whose
+between-evaluation part narrows as 1/sqrt(k), with the spread the kernel's own figures show where
+that is wider than the assumed one. The title (swarm/succession.py) uses it; a verdict stays one
+evaluation's.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +56,7 @@ OBJECTIVES = ("weighted", "geomean", "worst")
 Z95 = 1.96
 BETWEEN_FLOOR = 0.08     # log-speedup spread between evaluations assumed at least (about 8%)
 BETWEEN_MIN_DOF = 4      # repeats needed before the store's own spread is used
+MIN_EFFECT = 0.03        # `faster` needs CI low > 1 + MIN_EFFECT (HarnessConfig.min_effect's default)
 
 
 def weights(problem: Problem, objective: str) -> np.ndarray:
@@ -77,7 +87,7 @@ def decide(problem: Problem, setups: list[dict], log: RoundsLog, roofs: dict | N
     clean = log.clean
     sigma = float((between or {}).get("sigma") or 0.0)
     evidence = {"timing": {slot_key(s["shape"]): {"mode": s["mode"], "sets": s["group"].n} for s in setups},
-                "contention": contention_evidence(log), "objective": objective,
+                "contention": contention_evidence(log), "objective": objective, "bar": 1.0 + cfg.min_effect,
                 "basis": basis(setups, baseline_label)}
     if between:
         evidence["between"] = dict(between)
@@ -239,6 +249,105 @@ def between_spread(store, problem: Problem) -> dict:
     return {"sigma": round(max(BETWEEN_FLOOR, pooled), 4),
             "source": f"{int(dof)} repeats of {sum(len(x) > 1 for x in logs.values())} candidates here "
                       f"(pooled {pooled:.3f})"}
+
+
+@dataclass
+class Pooled:
+    """Independent evaluations of one kernel, combined (``pool``): ``k`` of them, the geometric
+    mean of their figures ``speedup`` and its interval, the between-evaluation spread used
+    (``sigma``), the shapes whose pooled interval lies below 1 (``slower``), and what the interval
+    must clear (``bar``)."""
+
+    k: int
+    speedup: float
+    ci_low: float
+    ci_high: float
+    sigma: float
+    bar: float
+    slower: list[str] = field(default_factory=list)
+
+    @property
+    def clears(self) -> bool:
+        """Faster by the verdict's rule: the interval above the bar, no shape significantly slower."""
+        return self.ci_low > self.bar and not self.slower
+
+    def text(self) -> str:
+        return (f"{self.speedup:.2f}x [{self.ci_low:.2f}, {self.ci_high:.2f}] pooled over {self.k} clean "
+                f"measurements (between-evaluation spread {self.sigma:.3f})"
+                + (f"; slower on {', '.join(self.slower)}" if self.slower else ""))
+
+
+def _pooled_interval(figures: list[tuple[float, float, float, float]], sigma_floor: float, z: float = Z95):
+    """``figures``: (median, lo, hi, sigma added) per evaluation. Returns (geometric mean, lo, hi,
+    sigma used): the mean log figure, its standard error the evaluations' own (within) widths over
+    k plus the between spread over sqrt(k); that spread is the largest of the floor, the sigmas
+    the evaluations were widened by, and the standard deviation of the figures themselves."""
+    logs = [math.log(m) for m, _, _, _ in figures]
+    k = len(logs)
+    mean = sum(logs) / k
+    sigma = max([sigma_floor] + [s for *_, s in figures])
+    if k > 1:
+        sigma = max(sigma, math.sqrt(sum((x - mean) ** 2 for x in logs) / (k - 1)))
+    within_lo = within_hi = 0.0
+    for (m, lo, hi, s), lm in zip(figures, logs):
+        lo, hi = lo if lo and lo > 0 else m, hi if hi and hi > 0 else m
+        b = (z * s) ** 2
+        within_lo += max((lm - math.log(lo)) ** 2 - b, 0.0) / z ** 2
+        within_hi += max((math.log(hi) - lm) ** 2 - b, 0.0) / z ** 2
+    se_lo = math.sqrt(within_lo / k ** 2 + sigma ** 2 / k)
+    se_hi = math.sqrt(within_hi / k ** 2 + sigma ** 2 / k)
+    return math.exp(mean), math.exp(mean - z * se_lo), math.exp(mean + z * se_hi), sigma
+
+
+def pool(evaluations: list, extra: int = 0) -> Pooled | None:
+    """Independent clean measurements (``faster``/``not_faster`` evaluation rows, not busy, of one
+    kernel, problem version and machine, all with the objective of the last) combined: the
+    interval of their mean log speedup. Each evaluation's interval already holds the
+    between-evaluation spread it was widened by (``evidence["between"]``); that part is taken out
+    and added back once over k (a random-effects mean), never below ``BETWEEN_FLOOR`` nor below
+    the spread of these figures. Per shape the same: a shape whose pooled interval lies below 1 is
+    ``slower`` (under the weighted objective, as in ``decide``). ``extra``: as if that many more
+    evaluations had measured the same mean (what one more re-measure could show). None with no
+    figure."""
+    rows = [e for e in evaluations if e.speedup and e.speedup > 0]
+    if not rows:
+        return None
+    last = rows[-1].evidence or {}
+    objective = last.get("objective", "weighted")
+    rows = [e for e in rows if (e.evidence or {}).get("objective", "weighted") == objective]
+    bar = float(last.get("bar") or 1.0 + MIN_EFFECT)
+
+    def sigma_of(e) -> float:
+        return float(((e.evidence or {}).get("between") or {}).get("sigma") or 0.0)
+
+    figures = [(e.speedup, e.ci_low, e.ci_high, sigma_of(e)) for e in rows]
+    med, lo, hi, sigma = _pooled_interval(figures + _repeat_mean(figures, extra), BETWEEN_FLOOR)
+    slower = []
+    if objective == "weighted":
+        by_shape: dict[str, list] = {}
+        for e in rows:
+            s_sigma = sigma_of(e)
+            for sh in e.shapes or []:
+                if sh.get("speedup") and sh["speedup"] > 0:
+                    key = json.dumps(sh.get("shape"), sort_keys=True)
+                    by_shape.setdefault(key, []).append((sh["speedup"], sh.get("ci_low"), sh.get("ci_high"), s_sigma))
+        for key, figs in by_shape.items():
+            m, _, h, _ = _pooled_interval(figs, BETWEEN_FLOOR)
+            if h < 1.0:
+                slower.append(f"{key}: {m:.2f}x")
+    return Pooled(len(rows) + max(extra, 0), med, lo, hi, sigma, bar, slower)
+
+
+def _repeat_mean(figures: list, extra: int) -> list:
+    """``extra`` figures at the geometric mean of ``figures``, each as wide as their mean width."""
+    if extra <= 0:
+        return []
+    k = len(figures)
+    g = math.exp(sum(math.log(m) for m, *_ in figures) / k)
+    r_lo = math.exp(sum(math.log(m / lo) if lo and lo > 0 else 0.0 for m, lo, _, _ in figures) / k)
+    r_hi = math.exp(sum(math.log(hi / m) if hi and hi > 0 else 0.0 for m, _, hi, _ in figures) / k)
+    s = max(s for *_, s in figures)
+    return [(g, g / r_lo, g * r_hi, s)] * extra
 
 
 def min_clean_rounds(rounds: int) -> int:

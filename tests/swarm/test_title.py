@@ -7,13 +7,16 @@ tests/swarm/test_run.py drives the same rules through real measurements).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from swarmfactory.agents.base import candidate_record
 from swarmfactory.evidence.store import Store
-from swarmfactory.outcome import Outcome, Verdict
+from swarmfactory.harness.verdicts import pool
+from swarmfactory.outcome import Outcome, ShapeTiming, Verdict
 from swarmfactory.problems import load_problem
-from swarmfactory.swarm.succession import busy_refusal, confirmation, contend, retained
+from swarmfactory.swarm.succession import POOL_MAX, busy_refusal, confirmation, contend, pooled, retained
 
 QUIET = {"contention": {"suffered": 0.01, "busy": False, "worst": 0.02}}
 LOUD = {"contention": {"suffered": 0.42, "busy": True, "worst": 0.7}}
@@ -176,3 +179,128 @@ def test_evaluations_of_another_machine_change_nothing(world):
     eid = other.record_verdict(p, a, Verdict(Outcome.FASTER, "x", "measure", speedup=5.0, ci_low=4.0, ci_high=6.0,
                                              evidence=dict(QUIET)), None, "v1", "search")
     assert contend(store, p, eid).crowned is None and store.champion(p) is None
+
+
+# -- independent measurements pooled --------------------------------------------------------------
+# What one evaluation records on a quiet 2-core machine: its rounds' interval widened by the spread
+# between evaluations (sigma 0.08), so about +-17% whatever the kernel; shapes as the harness keeps
+# them. A kernel steadily 1.19x faster is `not_faster` in every one of them.
+WIDE = 1.175
+
+
+def measured(store, problem, cand, speedup, purpose="search", shapes=None, evidence=QUIET) -> int:
+    store.record_candidate(cand)
+    lo, hi = speedup / WIDE, speedup * WIDE
+    outcome = Outcome.FASTER if lo > 1.03 else Outcome.NOT_FASTER
+    ev = {**evidence, "objective": "weighted", "bar": 1.03, "between": {"sigma": 0.08, "source": "test"}}
+    shapes = [{"shape": {"n": n}, "speedup": s, "ci_low": s / WIDE, "ci_high": s * WIDE}
+              for n, s in (shapes or {1024: speedup}).items()]
+    verdict = Verdict(outcome, f"{outcome.value} (test)", "measure", speedup=speedup, ci_low=lo, ci_high=hi,
+                      shapes=[ShapeTiming(shape=s["shape"], candidate_us=1.0, baseline_us=s["speedup"],
+                                          reference_us=1.0, speedup=s["speedup"], ci_low=s["ci_low"],
+                                          ci_high=s["ci_high"], vs_reference=1.0) for s in shapes],
+                      evidence=ev)
+    return store.record_verdict(problem, cand, verdict, None, "v1", purpose)
+
+
+def measurer(store, problem, figures: dict):
+    """A re-measure recording the next figure of each candidate's list (with optional shapes)."""
+    asked = []
+
+    def remeasure(cand):
+        asked.append(cand.id)
+        speedup, shapes = figures[cand.id].pop(0)
+        return measured(store, problem, cand, speedup, "remeasure", shapes)
+    remeasure.asked = asked
+    return remeasure
+
+
+def test_pooling_narrows_the_interval_of_a_steady_kernel_and_widens_it_for_a_jumpy_one(world):
+    store, p = world
+    steady, jumpy = kernel(p, 1), kernel(p, 2)
+    for _ in range(3):
+        measured(store, p, steady, 1.19)
+    for s in (1.6, 0.9, 1.2):
+        measured(store, p, jumpy, s)
+    one = pool(store.evaluations(candidate_id=steady["id"])[:1])
+    three = pooled(store, p, steady["id"])
+    assert one.k == 1 and not one.clears and one.ci_low == pytest.approx(1.19 / WIDE, rel=1e-3)
+    assert three.k == 3 and three.clears and three.speedup == pytest.approx(1.19)
+    # each interval's own (within) part and the 8% between them, both over k
+    within = math.sqrt(math.log(WIDE) ** 2 - (1.96 * 0.08) ** 2) / 1.96
+    assert three.ci_low == pytest.approx(1.19 * math.exp(-1.96 * math.sqrt((within ** 2 + 0.08 ** 2) / 3)), rel=1e-6)
+    wild = pooled(store, p, jumpy["id"])
+    assert wild.sigma > 0.25 and not wild.clears  # the kernel's own figures spread more than 8%
+    assert pooled(store, p, steady["id"], extra=1).k == 4
+
+
+def test_a_busy_measurement_is_not_pooled(world):
+    store, p = world
+    k = kernel(p, 1)
+    measured(store, p, k, 1.19)
+    measured(store, p, k, 3.0, evidence=LOUD)
+    assert pooled(store, p, k["id"]).k == 1
+
+
+def test_a_steady_not_faster_kernel_is_remeasured_and_crowned_on_its_pooled_measurements(world):
+    store, p = world
+    k = kernel(p, 1)
+    again = measurer(store, p, {k["id"]: [(1.17, None)]})
+    d = contend(store, p, measured(store, p, k, 1.19), remeasure=again)
+    assert again.asked == [k["id"]]
+    assert d.crowned == k["id"]
+    champ = store.champion(p)
+    assert champ.speedup == 1.17 and store.evaluation(champ.evaluation_id).outcome == Outcome.NOT_FASTER
+    reason = store.champion_history(p.name)[-1].reason
+    assert "pooled over 2 clean measurements" in reason and "a fresh re-measure 1.17x" in reason
+    # the engine's view: confirmed by that re-measure, not on a busy machine
+    assert confirmation(store, p, k["id"]).id == champ.evaluation_id
+    assert busy_refusal(store, p, k["id"]) is None
+
+
+def test_a_lucky_first_figure_is_not_crowned_by_pooling(world):
+    store, p = world
+    lucky, slow = kernel(p, 1), kernel(p, 2)
+    again = measurer(store, p, {lucky["id"]: [(1.0, None)], slow["id"]: [(1.2, None)]})
+    d = contend(store, p, measured(store, p, lucky, 1.19), remeasure=again)
+    assert d.crowned is None and "not crowned" in d.change and "pooled over 2" in d.change
+    assert store.champion(p) is None
+    # a figure one more measurement at its mean could not lift over the bar costs no re-measure
+    assert contend(store, p, measured(store, p, slow, 1.10), remeasure=again).change is None
+    assert again.asked == [lucky["id"]]
+    # nor a pooled-promising candidate already measured POOL_MAX times
+    many = kernel(p, 3)
+    for _ in range(POOL_MAX - 1):
+        measured(store, p, many, 1.0)
+    assert contend(store, p, measured(store, p, many, 1.19), remeasure=again).change is None
+    # a shape pooled below 1 keeps the kernel out, however fast the rest
+    mixed = kernel(p, 4)
+    again = measurer(store, p, {mixed["id"]: [(1.19, {64: 1.5, 4096: 0.85})]})
+    d = contend(store, p, measured(store, p, mixed, 1.19, shapes={64: 1.5, 4096: 0.9}), remeasure=again)
+    assert d.crowned is None and "slower on" in d.change and '{"n": 4096}: 0.87x' in d.change
+    # and one already slower on a shape in the first measurement is not worth a re-measure
+    worse = kernel(p, 5)
+    d = contend(store, p, measured(store, p, worse, 1.19, shapes={64: 1.5, 4096: 0.8}), remeasure=again)
+    assert d.change is None and again.asked == [mixed["id"]]
+
+
+def test_a_champion_stays_while_its_pooled_measurements_clear_the_bar(world):
+    store, p = world
+    champ = kernel(p, 1)
+    again = measurer(store, p, {champ["id"]: [(1.18, None)]})
+    contend(store, p, measured(store, p, champ, 1.2), remeasure=again)
+    assert store.champion(p).candidate_id == champ["id"]
+    d = contend(store, p, measured(store, p, champ, 1.15, purpose="remeasure"))
+    assert "confirmed" in d.change and "pooled over 3" in d.change
+    assert store.champion(p).speedup == 1.15
+    d = contend(store, p, measured(store, p, champ, 0.97, purpose="remeasure"))
+    assert "demoted" in d.change and store.champion(p) is None
+
+
+def test_an_eval_of_a_kernel_measured_before_adds_to_its_pooled_evidence(world):
+    store, p = world
+    k = kernel(p, 1)
+    assert contend(store, p, measured(store, p, k, 1.18)).change is None  # no re-measure to call: one figure
+    d = contend(store, p, measured(store, p, k, 1.20, purpose="eval"))
+    assert d.crowned == k["id"] and "pooled over 2" in d.change
+    assert store.champion(p).speedup == 1.20
