@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmfactory import kernelref
-from swarmfactory.engine.config import ConfigError, EngineConfig, Knob
+from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES, ConfigError, EngineConfig, Knob
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,12 @@ def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
             for qt in dict.fromkeys(ENGINE_MATMUL_FAMILIES.values()) if qt in types}
 
 
+def engine_matmul(problem: str) -> bool:
+    """A problem of an engine-numerics matmul family (stored or packed layout), derived or not:
+    what ``qmatmul`` pins, not ``kernels``."""
+    return problem.split(".", 1)[0] in ENGINE_MATMUL_FAMILIES
+
+
 def champion_native_matmul(model: str | None, champions: dict[str, str]) -> str:
     """The ``native_matmul`` value ``qmatmul=champion`` sets: per block type, the first of
     ``engine_matmul_problems`` with a champion in ``champions``, joined; "" where none has one."""
@@ -221,10 +227,10 @@ class Design:
             if k.get(knob, "builtin") == "builtin":
                 continue
             if knob == "kernels":
-                linear = {p: c for p, c in self.pins.items() if p != MATVEC_PROBLEM and "_engine_matmul" not in p}
+                linear = {p: c for p, c in self.pins.items() if p != MATVEC_PROBLEM and not engine_matmul(p)}
                 out += f" {knob}=" + (",".join(f"{p}@{c[:12]}" for p, c in sorted(linear.items())) or "?")
             elif knob == "qmatmul":
-                mine = {p: c for p, c in self.pins.items() if "_engine_matmul" in p}
+                mine = {p: c for p, c in self.pins.items() if engine_matmul(p)}
                 out += f" {knob}=" + (",".join(f"{p}@{c[:12]}" for p, c in sorted(mine.items())) or "?")
             else:
                 out += f" {knob}={problem}@{(self.pins.get(problem) or '?')[:12]}"

@@ -41,7 +41,7 @@ from swarmfactory.harness.sampling import CandidateTimer
 from swarmfactory.harness.slots import SlotGroup, group_bytes
 from swarmfactory.harness.rounds import RIVAL, SINGLE, run_rounds
 from swarmfactory.harness.timing import calibrate
-from swarmfactory.harness.verdicts import OBJECTIVES, between_spread, decide, min_clean_rounds
+from swarmfactory.harness.verdicts import MIN_EFFECT, OBJECTIVES, between_spread, decide, min_clean_rounds
 from swarmfactory.harness.verify import slot_key, verify
 from swarmfactory.problems.spec import Case, Problem
 
@@ -52,7 +52,7 @@ SYNC_SET_BYTES = 64 << 20  # input sets of one shape in sync mode (the baseline 
 @dataclass(frozen=True)
 class HarnessConfig:
     rounds: int = 20                 # interleaved rounds per workload shape (MEASURING: >= 20)
-    min_effect: float = 0.03         # `faster` needs CI low > 1 + min_effect
+    min_effect: float = MIN_EFFECT   # `faster` needs CI low > 1 + min_effect
     min_sample_ms: float = 1.0       # each timed sample of a baseline lasts at least this long
     sample_ms: float = 2.0           # a candidate's sample: 1-1.5x this, ended at a random moment
     max_window_ms: float = 20.0      # longer, to hold 64 calls; kernels slower than that go sync

@@ -586,3 +586,14 @@ def test_the_max_logit_bound_is_over_the_logits_that_can_be_sampled():
     nan = near.clone()
     nan[3, int(tail[3, 0])] = float("nan")
     assert logit_bounds(nan, want, ids, "q4_1", {}) is not None
+
+
+def test_a_design_names_the_block_kernels_it_pins_whatever_their_layout():
+    # qmatmul=champion pins engine-numerics matmul problems, stored or packed, derived or not;
+    # the describe line (the tune's log) names them, and none of them counts as a `kernels` pin
+    cfg = EngineConfig(weights="q4_1", native_matmul="champion:q8_0_engine_packed_matmul.gemma-3@aaaa1111"
+                                                     "+champion:q4_k_engine_matmul@bbbb2222")
+    d = D.Design({**{n: kf.default for n, kf in D.knob_table(EngineConfig).items()}, "qmatmul": "champion"}, cfg)
+    assert "qmatmul=q4_k_engine_matmul@bbbb2222,q8_0_engine_packed_matmul.gemma-3@aaaa1111" in d.describe()
+    assert D.engine_matmul("q5_0_engine_packed_matmul.m") and D.engine_matmul("q6_k_engine_matmul")
+    assert not D.engine_matmul("q8_0_matmul") and not D.engine_matmul("q4_1_packed_matvec")
