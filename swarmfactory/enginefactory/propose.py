@@ -112,7 +112,7 @@ class Proposer:
             item = self.queue.pop(0)
             if item.design.key not in seen:
                 return item
-        swap = self._champion_swap(entries, champion, seen)
+        swap = self._champion_swap(entries, seen)
         if swap is not None:
             return swap
         pool = self._pool(self._board(measured, champion), seen)
@@ -185,14 +185,11 @@ class Proposer:
         self.llm.submit({n: kf.values for n, kf in table.items()}, rows, self.space.fixed, 3,
                         meanings={n: kf.meaning for n, kf in table.items()})
 
-    def _champion_swap(self, entries: list[Entry], champion: Entry | None, seen: set[str]) -> Pick | None:
-        """The best verified design (the default design itself before any other: the first design
-        after it) with a kernel-factory champion plugged in, for each champion knob no design of
-        this problem has tried yet: what a new kernel does for the engine is measured early, and
-        against the design it differs from by that knob alone, instead of waiting for a random
-        draw that changes other knobs with it."""
-        best = max((e for e in [*entries, *([champion] if champion else [])] if e.ratio > 0),
-                   key=lambda e: e.ratio, default=None)
+    def _champion_swap(self, entries: list[Entry], seen: set[str]) -> Pick | None:
+        """The best verified design with a kernel-factory champion plugged in, for each champion
+        knob no design of this problem has tried yet: what a new kernel does for the engine is
+        measured early instead of waiting for a random draw."""
+        best = max((e for e in entries if e.ratio > 0), key=lambda e: e.ratio, default=None)
         if best is None:
             return None
         for knob in D.CHAMPION_KNOBS:
