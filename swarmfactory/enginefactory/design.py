@@ -123,7 +123,6 @@ def engine_matmul_problems(model: str | None) -> dict[str, list[str]]:
     run its rows in the engine's block kernels (``native_matmul``), best first: the problem derived
     from this model, then the type's own. None where decode.c computes the model (it runs its own
     packed kernels, not qlinear.c's)."""
-    from swarmfactory.engine.config import ENGINE_MATMUL_FAMILIES
     from swarmfactory.engine.gguf_loader import load_gguf, resolve_model_path
     from swarmfactory.engine.native.qlinear import engine_matmul_families
     from swarmfactory.engine.models import model_class

@@ -10,7 +10,11 @@ The rules (a measurement is *busy* by ``evidence.quality.busy``; unknown content
 * A ``faster`` measurement, not busy, whose median speedup is above the champion's confirmed one
   (or with no champion) takes the title once a fresh re-measure (another process, another
   moment) says the same: ``faster``, not busy, above the held figure. The title then stands at
-  the re-measure's figure.
+  the re-measure's figure. One measurement is not enough: between two processes minutes apart
+  the same code moves by more than one evaluation's rounds show (the engine's own Q8_0 kernel,
+  as the template's defaults, measured 1.26x [1.07, 1.50] of itself, then 0.95x [0.80, 1.11]).
+  Without a re-measure to call (a caller that has no harness) one measurement decides, as before.
+  An ``inconclusive`` or busy measurement never takes it.
 * Independent measurements add up (``harness.verdicts.pool``): one evaluation carries the spread
   between evaluations whole (about +-17% on a quiet 2-core machine), so a kernel steadily 1.15x
   faster is ``not_faster`` in each. A clean ``not_faster`` measurement above the bar and the title
@@ -20,11 +24,7 @@ The rules (a measurement is *busy* by ``evidence.quality.busy``; unknown content
   bar and the held figure (the measurement that selected it is the lucky one of many; the
   re-measure is not). At most ``POOL_MAX`` measurements of one candidate are spent this way. A
   later measurement of a candidate measured before (an ``eval`` of its source) is such a fresh
-  one: above the bar and the title, with the pooled evidence clearing the bar, it takes the title. One measurement is not enough: between two processes minutes apart
-  the same code moves by more than one evaluation's rounds show (the engine's own Q8_0 kernel,
-  as the template's defaults, measured 1.26x [1.07, 1.50] of itself, then 0.95x [0.80, 1.11]).
-  Without a re-measure to call (a caller that has no harness) one measurement decides, as before.
-  An ``inconclusive`` or busy measurement never takes it.
+  one: above the bar and the title, with the pooled evidence clearing the bar, it takes the title.
 * A measurement of the champion itself (a run's end re-measure; an ``eval`` of its source):
   ``faster`` and not busy *confirms* it at that figure, and so does a clean ``not_faster`` one
   above the bar while its clean measurements pooled still clear it; ``inconclusive``, ``verified``,
@@ -79,25 +79,28 @@ def clean_measurement(ev: Evaluation | None) -> bool:
     return ev is not None and ev.outcome in MEASURED and bool(ev.speedup) and not busy(ev.evidence)
 
 
-def pooled(store, problem, candidate_id: str, extra: int = 0) -> Pooled | None:
-    """``candidate_id``'s clean measurements of this version of ``problem`` on the store's
-    hardware, pooled (``harness.verdicts.pool``); None with none."""
+def measurements(store, problem, candidate_id: str) -> list[Evaluation]:
+    """``candidate_id``'s clean measurements of this version of ``problem`` on the store's hardware."""
     spec = problem.spec_hash()
-    evs = [e for e in store.evaluations(problem=problem.name, candidate_id=candidate_id, this_hardware=True)
-           if e.problem_spec == spec and clean_measurement(e)]
-    return pool(evs, extra) if evs else None
+    return [e for e in store.evaluations(problem=problem.name, candidate_id=candidate_id, this_hardware=True)
+            if e.problem_spec == spec and clean_measurement(e)]
 
 
-def promising(store, problem, ev: Evaluation, held: float | None) -> Pooled | None:
-    """The pooled evidence of a clean ``not_faster`` measurement worth a fresh re-measure (the
-    rules above), else None."""
+def pooled(store, problem, candidate_id: str, extra: int = 0) -> Pooled | None:
+    """``candidate_id``'s clean measurements here, pooled (``harness.verdicts.pool``); None with none."""
+    return pool(measurements(store, problem, candidate_id), extra)
+
+
+def promising(evs: list[Evaluation], ev: Evaluation, held: float | None) -> Pooled | None:
+    """The pooled evidence (``evs``: the candidate's clean measurements, ``ev`` the latest) of a
+    clean ``not_faster`` measurement worth a fresh re-measure (the rules above), else None."""
     if not clean_measurement(ev) or ev.outcome == Outcome.FASTER:
         return None
-    now = pooled(store, problem, ev.candidate_id)
+    now = pool(evs)
     if now is None or now.k >= POOL_MAX or ev.speedup <= max(held or 0.0, now.bar) or now.speedup <= (held or 0.0):
         return None
-    ahead = pooled(store, problem, ev.candidate_id, extra=1)
-    return now if ahead is not None and ahead.clears else None
+    ahead = pool(evs, extra=1)
+    return now if ahead.clears else None
 
 
 def speedup_text(ev: Evaluation) -> str:
@@ -146,13 +149,14 @@ def contend(store, problem, evaluation_id: int, run_id: str | None = None,
     close = None
     if not claims_title(ev):
         # a later measurement of a candidate measured before is itself the fresh one
-        both = pooled(store, problem, cid) if clean_measurement(ev) else None
+        evs = measurements(store, problem, cid) if clean_measurement(ev) else []
+        both = pool(evs)
         if both is not None and both.k > 1 and both.clears and ev.speedup > max(both.bar, held or 0.0):
             reason = f"{ev.speedup:.2f}x > {before} by {by} ({_by(ev)}: {speedup_text(ev)}, and {both.text()}, " \
                      f"{describe(ev.evidence)})"
             store.set_champion(problem, cid, ev.id, ev.speedup, run_id, reason)
             return Decision(f"{cid} takes the title: {reason}", cid)
-        close = promising(store, problem, ev, held) if remeasure is not None else None
+        close = promising(evs, ev, held) if remeasure is not None else None
         if close is None:
             return Decision()
     if held is not None and ev.speedup <= held:
@@ -277,8 +281,9 @@ def confirmation(store, problem, candidate_id: str) -> Evaluation | None:
             continue
         seen.add(eid)
         ev = store.evaluation(eid)
-        if ev is not None and ev.candidate_id == candidate_id and (
-                ev.outcome == Outcome.FASTER or (ev.outcome in MEASURED and "pooled over" in r.reason)):
+        # a row naming its candidate names the measurement that crowned or confirmed it: ``faster``,
+        # or (by the pooled rules) ``not_faster`` above the bar
+        if ev is not None and ev.candidate_id == candidate_id and ev.outcome in MEASURED:
             return ev
     evs = [e for e in store.evaluations(problem=problem.name, candidate_id=candidate_id, this_hardware=True)
            if e.problem_spec == spec and e.outcome == Outcome.FASTER]
