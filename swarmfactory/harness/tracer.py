@@ -178,17 +178,17 @@ def _settle(pid: int, timeout: float = 1.0) -> None:
 @cache
 def available() -> tuple[bool, bool]:
     """(registers readable, filters readable) for a stopped child of this process: probed once
-    on a throwaway child that stops itself."""
-    import signal
-    import subprocess
+    on a throwaway child that stops itself, a ``lifecycle.Child`` (a stopped process outlives a
+    parent killed with -9 unless something ends it: the guard does)."""
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from swarmfactory import lifecycle
+
+    child = lifecycle.Child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"],
+                            "tracer probe", limits=lifecycle.Limits(die_with_parent=True), ledger=False)
     regs = flt = False
     try:
-        _, status = os.waitpid(child.pid, os.WUNTRACED)
-        if os.WIFSTOPPED(status):
+        if child.wait_stop():
             try:
                 with _LOCK, _Attached(child.pid) as t:
                     t.fp_control()
@@ -201,10 +201,5 @@ def available() -> tuple[bool, bool]:
             except TraceError:
                 pass
     finally:
-        child.kill()
-        try:
-            os.kill(child.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-        child.wait()
+        child.close()
     return regs, flt

@@ -282,3 +282,25 @@ def test_a_child_that_stops_itself_is_told_from_one_that_ended_and_its_pipe_carr
         assert child.returncode == 3 and os.WIFEXITED(child.status)
     finally:
         child.close()
+
+
+def test_kill_9_during_the_tracer_probe_leaves_no_stopped_child():
+    # tracer.available() probes on a child that stops itself; a parent killed with -9 while that
+    # child is stopped (a coordinator killed mid-start) must not leave it stopped for ever
+    script = textwrap.dedent("""
+        import os, signal
+        from swarmfactory.harness import tracer
+        class Killed:
+            def __init__(self, pid):
+                print(pid, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+        tracer._Attached = Killed
+        tracer.available()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    child = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and _state(child) != "Z":
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}") or _state(child) == "Z", _state(child)
